@@ -1,0 +1,38 @@
+# Two commands do all the set-up: `make demo` and `make test` (see README.md).
+# torch is pinned through constraints.txt: torch==2.13.0 is the machine-local CPU build,
+# any other torch requirement downloads several GB of CUDA wheels.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PIP_INSTALL := $(PIP) install -q -c constraints.txt
+
+.PHONY: demo test lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -U pip
+
+$(VENV)/.base-installed: pyproject.toml constraints.txt | $(PY)
+	$(PIP_INSTALL) -e .
+	touch $@
+
+$(VENV)/.dev-installed: pyproject.toml constraints.txt | $(PY)
+	$(PIP_INSTALL) -e ".[dev,tf,dask,image,plot]"
+	touch $@ $(VENV)/.base-installed
+
+demo: $(VENV)/.base-installed
+	$(PY) examples/demo.py
+
+lint: $(VENV)/.dev-installed
+	$(VENV)/bin/ruff check h5store tests benchmarks examples
+	$(VENV)/bin/lint-imports
+
+test: $(VENV)/.dev-installed lint
+	$(PY) -m pytest
+
+bench: $(VENV)/.dev-installed
+	$(PY) benchmarks/bench_open.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,299 @@
+"""Views binding a schema to an open file: ``f.ids``, ``f.mel``, ``f.logs``.
+
+A view is cheap and per-process: it holds the storage objects of the process that made
+it. Users get views from a :class:`~h5store.TypedFile`; serving and ingest use the same
+views, so every read and write goes through one validated path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from h5store.errors import NotFound, SchemaError
+from h5store.refs import Refs
+from h5store.schema import Feature
+from h5store.storage import Column, GroupStore
+
+__all__ = ["FeatureView", "GroupView", "IdsView"]
+
+Key = str | int | np.integer
+
+
+class IdsView(Sequence[str]):
+    """The ids of a group, in insertion order, without materialising them.
+
+    Examples
+    --------
+    >>> f.ids[0], len(f.ids), "a" in f.ids  # doctest: +SKIP
+    ('a', 3, True)
+    """
+
+    def __init__(self, refs: Refs) -> None:
+        self._refs = refs
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return [self._refs.id(r) for r in range(*key.indices(len(self)))]
+        n = len(self)
+        r = int(key)
+        if not -n <= r < n:
+            raise IndexError(f"{self._refs.where}: position {r} out of range for {n} ids")
+        return self._refs.id(r)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._refs)
+
+    def __contains__(self, id: object) -> bool:
+        return id in self._refs
+
+    def index(self, id: Any, start: int = 0, stop: int | None = None) -> int:
+        """Position of ``id`` (raises :class:`~h5store.errors.NotFound`)."""
+        return self._refs.row(id)
+
+    def positions(self, ids: Iterable[str]) -> np.ndarray:
+        """Positions of many ids at once."""
+        return self._refs.rows(ids)
+
+    def to_numpy(self) -> np.ndarray:
+        return self._refs.to_numpy()
+
+    def __repr__(self) -> str:
+        n = len(self)
+        head = ", ".join(repr(self[i]) for i in range(min(n, 3)))
+        return f"<ids [{head}{', ...' if n > 3 else ''}] ({n})>"
+
+
+class FeatureView:
+    """One feature of an open file.
+
+    ``view[id]`` and ``view[position]`` read one item; ``view[list]`` or
+    :meth:`read_many` read a batch with one planned read; ``view.data`` is the raw
+    concatenated h5py dataset for any h5py-style selection.
+
+    Examples
+    --------
+    >>> f.mel["LJ001-0001"].shape  # doctest: +SKIP
+    (212, 80)
+    >>> [x.shape for x in f.mel.read_many([5, 0, 5])]  # doctest: +SKIP
+    [(98, 80), (212, 80), (98, 80)]
+    """
+
+    def __init__(self, group: GroupView, name: str, feature: Feature, column: Column) -> None:
+        self.group = group
+        self.name = name
+        self.feature = feature
+        self.column = column
+
+    @property
+    def where(self) -> str:
+        return self.column.where
+
+    @property
+    def data(self) -> Any:
+        """The concatenated h5py dataset (flushes pending writes first)."""
+        self.column.flush_pending()
+        return self.column.data
+
+    @property
+    def index(self) -> np.ndarray:
+        """``(N, 2)`` ``[start, stop)`` rows of :attr:`data` per id ([-1, -1] when absent)."""
+        return self.column.index
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Rows per item (numpy, 0 where absent)."""
+        return self.column.lengths
+
+    @property
+    def present(self) -> np.ndarray:
+        """Boolean mask of the ids that have this feature."""
+        return self.column.present
+
+    @property
+    def refs(self) -> IdsView:
+        return self.group.ids
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """The feature's parameters as stored in the file."""
+        return self.feature.params()
+
+    def __len__(self) -> int:
+        return len(self.group)
+
+    def _rows(self, keys: Iterable[Key]) -> np.ndarray:
+        keys = list(keys)
+        if keys and all(isinstance(k, str) for k in keys):
+            return self.group.store.refs.rows(keys)
+        n = len(self)
+        rows = np.array([self.group.position(k) for k in keys], dtype=np.int64) if keys else np.zeros(0, np.int64)
+        if rows.size and (rows.min() < -n or rows.max() >= n):
+            raise IndexError(f"{self.where}: positions out of range for {n} items")
+        return np.where(rows < 0, rows + n, rows)
+
+    def read_many(self, keys: Iterable[Key] | np.ndarray, verify: bool = True) -> list[Any]:
+        """Read a batch of items (ids or positions) with one planned read.
+
+        Parameters
+        ----------
+        keys : sequence of ids or positions
+            In any order, with repeats.
+        verify : bool
+            Check each item against its stored CRC-32.
+
+        Returns
+        -------
+        list
+            The decoded items, in the order of ``keys``.
+        """
+        rows = self._rows(keys.tolist() if isinstance(keys, np.ndarray) else keys)
+        try:
+            raw = self.column.read_items(rows, verify=verify)
+        except KeyError as e:
+            row = int(e.args[0])
+            raise NotFound(f"{self.where}: id {self.group.store.refs.id(row)!r} has no {self.name!r} item") from None
+        return [self.feature.decode(r) for r in raw]
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return self.read_many(range(*key.indices(len(self))))
+        if isinstance(key, (list, tuple, np.ndarray)):
+            return self.read_many(key)
+        return self.read_many([key])[0]
+
+    def __setitem__(self, key: Key, value: Any) -> None:
+        row = self.group.position(key)
+        item = self.group._encode(self.name, value, key)
+        self.group.store.put(self.name, row, item)
+
+    def __iter__(self) -> Iterator[Any]:
+        n = len(self)
+        present = np.flatnonzero(self.present)
+        for a in range(0, len(present), 256):
+            yield from self.read_many(present[a : a + 256])
+        del n
+
+    def blobs(self, key: Key, first: int = 0, stop: int | None = None) -> list[Any]:
+        """Blobs ``first..stop-1`` of one "blobs" item, reading only their bytes."""
+        row = self.group.position(key)
+        if stop is None:
+            stop = int(self.lengths[row])
+        raw = self.column.read_blobs(row, first, stop)
+        decode = getattr(self.feature, "decode_blob", None)
+        return [decode(b) for b in raw] if decode else raw
+
+    def __repr__(self) -> str:
+        return f"<feature {self.where} {self.feature!r}: {int(self.present.sum())} items>"
+
+
+class GroupView:
+    """The ids and features of one group of an open file (``f`` itself is the root group).
+
+    Examples
+    --------
+    >>> f.logs.add("run-1", dict(loss=np.array([0.9, 0.5])))  # doctest: +SKIP
+    >>> f.logs.loss["run-1"]  # doctest: +SKIP
+    array([0.9, 0.5], dtype=float32)
+    """
+
+    def __init__(self, name: str, store: GroupStore, features: Mapping[str, Feature]) -> None:
+        self.name = name
+        self.store = store
+        self.features = dict(features)
+        self._views: dict[str, FeatureView] = {}
+
+    def feature(self, name: str) -> FeatureView:
+        view = self._views.get(name)
+        if view is None:
+            if name not in self.features:
+                raise NotFound(f"{self.store.where}: no feature {name!r} (features: {sorted(self.features)})")
+            view = self._views[name] = FeatureView(self, name, self.features[name], self.store.columns[name])
+        return view
+
+    def __getattr__(self, name: str) -> FeatureView:
+        if name.startswith("_") or name not in self.__dict__.get("features", {}):
+            raise AttributeError(name)
+        return self.feature(name)
+
+    @property
+    def ids(self) -> IdsView:
+        return IdsView(self.store.refs)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __contains__(self, id: object) -> bool:
+        return id in self.store.refs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.store.refs)
+
+    def position(self, key: Key) -> int:
+        """Row of an id, or a (possibly negative) position checked against the size."""
+        if isinstance(key, str):
+            return self.store.refs.row(key)
+        if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer)):
+            raise TypeError(f"{self.store.where}: key must be an id (str) or a position (int), got {key!r}")
+        n = len(self)
+        r = int(key)
+        if not -n <= r < n:
+            raise IndexError(f"{self.store.where}: position {r} out of range for {n} items")
+        return r + n if r < 0 else r
+
+    def get(self, key: Key, default: Any = None) -> dict[str, Any] | Any:
+        """Every present feature of one id as a dict (``default`` when the id is absent)."""
+        try:
+            row = self.position(key)
+        except (KeyError, IndexError):
+            return default
+        return {n: self.feature(n)[row] for n in self.features if self.store.columns[n].index[row, 0] >= 0}
+
+    # -- writing -------------------------------------------------------------
+    def _encode(self, name: str, value: Any, id: Any) -> Any:
+        if name not in self.features:
+            raise SchemaError(f"{self.store.where}: no feature {name!r} (features: {sorted(self.features)})")
+        try:
+            return self.features[name].encode(value)
+        except SchemaError as e:
+            raise SchemaError(f"{self.store.where}/{name}: id {id!r}: {e}") from None
+
+    def add(self, id: str, values: Mapping[str, Any]) -> int:
+        """Add one id with its features' items; returns its position."""
+        return int(self.extend([(id, values)])[0])
+
+    def extend(self, records: Iterable[tuple[str, Mapping[str, Any]]] | Sequence[str],
+               columns: Mapping[str, Sequence[Any]] | None = None) -> np.ndarray:
+        """Add many ids at once: ``extend([(id, {feat: x}), ...])`` or ``extend(ids, {feat: [x, ...]})``.
+
+        Every item is validated before anything is stored, so a bad item adds nothing.
+        Returns the new positions.
+        """
+        if columns is not None:
+            ids = list(records)  # type: ignore[arg-type]
+            for name, col in columns.items():
+                if len(col) != len(ids):
+                    raise ValueError(f"{self.store.where}/{name}: {len(col)} items for {len(ids)} ids")
+            recs: list[tuple[str, Mapping[str, Any]]] = [
+                (i, {n: columns[n][j] for n in columns}) for j, i in enumerate(ids)
+            ]
+        else:
+            recs = list(records)  # type: ignore[arg-type]
+        per: dict[str, tuple[list[int], list[Any]]] = {}
+        for j, (id, values) in enumerate(recs):
+            for name, value in values.items():
+                sel, items = per.setdefault(name, ([], []))
+                sel.append(j)
+                items.append(self._encode(name, value, id))
+        rows = self.store.add([r[0] for r in recs], {})
+        for name, (sel, items) in per.items():
+            self.store.columns[name].append(rows[np.asarray(sel, dtype=np.int64)], items)
+        return rows
+
+    def __repr__(self) -> str:
+        return f"<group {self.store.where}: {len(self)} ids, features {sorted(self.features)}>"

@@ -1,0 +1,410 @@
+"""Feature descriptors, Groups, the frozen Schema, and the feature registry.
+
+A :class:`Feature` is a frozen dataclass: its fields are its parameters (dtype, item
+shape, compression, and whatever a subclass adds: ``sr``, ``n_fft``...). As a class
+attribute of a :class:`~h5store.TypedFile` it is a descriptor: ``Speech.mel`` is the
+Feature, ``f.mel`` a view of that feature bound to the open file ``f``. The descriptor
+holds no per-file state.
+
+Every Feature subclass registers itself under a stable ``type_name`` so that
+:func:`h5store.open` can rebuild a file's schema from the JSON stored in the file,
+without the user's class (lhotse's ``register_writer``, h5py's ``register_driver``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from h5store.errors import SchemaError
+from h5store.storage import IDS, ColumnSpec
+
+__all__ = [
+    "Feature",
+    "Group",
+    "Schema",
+    "Source",
+    "feature_types",
+    "register_feature",
+]
+
+_REGISTRY: dict[str, type[Feature]] = {}
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_RESERVED = frozenset({IDS})
+
+
+def register_feature(cls: type[Feature], name: str | None = None) -> type[Feature]:
+    """Register a Feature class under ``name`` (default: its ``type_name``).
+
+    Subclasses of :class:`Feature` register themselves when defined; call this only to
+    register a class under an extra name (e.g. after renaming a class that old files name).
+
+    Examples
+    --------
+    >>> import h5store as h5s
+    >>> class Loudness(h5s.Array):
+    ...     type_name = "myproject.Loudness"
+    >>> h5s.feature_types()["myproject.Loudness"] is Loudness
+    True
+    """
+    key = name or cls.type_name
+    _REGISTRY[key] = cls
+    return cls
+
+
+def feature_types() -> dict[str, type[Feature]]:
+    """The registry: type name -> Feature class."""
+    return dict(_REGISTRY)
+
+
+class Source(str):
+    """A source handed to :meth:`Feature.load`: a path (it *is* a ``str``) plus context.
+
+    Attributes
+    ----------
+    id : str
+        The id this source is stored under.
+    root : str
+        The folder ids are relative to (the common root of the sources).
+    meta : dict
+        The other columns of the manifest row that listed this source (empty otherwise).
+
+    Examples
+    --------
+    >>> s = Source("/data/wavs/a.wav", id="wavs/a", root="/data")
+    >>> s.endswith(".wav"), s.id
+    (True, 'wavs/a')
+    """
+
+    id: str
+    root: str
+    meta: Mapping[str, str]
+
+    def __new__(cls, path: str, id: str = "", root: str = "", meta: Mapping[str, str] | None = None) -> Source:
+        self = super().__new__(cls, path)
+        self.id = id
+        self.root = root
+        self.meta = dict(meta or {})
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Source, (str(self), self.id, self.root, dict(self.meta)))
+
+    def __repr__(self) -> str:
+        return f"Source({str(self)!r}, id={self.id!r})"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Feature:
+    """A typed column of a group: how a source becomes an array, and how it is stored.
+
+    Parameters
+    ----------
+    dtype : str
+        numpy dtype of the stored values.
+    shape : tuple
+        Per-item shape. ``None`` as first dim means a variable number of rows per item
+        (``(None, 80)`` for a mel spectrogram); ``()`` is one scalar per item.
+    layout : {"ragged", "fixed", "blobs"} or None
+        Derived from ``shape`` when None. "blobs" stores each item as a sequence of
+        byte strings (frames of a video), readable a few at a time.
+    compression : {None, "gzip", "lzf"}
+        HDF5 filter. BEWARE: compressed data is read through HDF5 and its global lock;
+        uncompressed data takes the direct read path, many times faster.
+    compression_opts : int or None
+        gzip level.
+    shuffle : bool
+        The HDF5 shuffle filter (helps gzip on floats).
+    chunk_rows : int or None
+        Rows per HDF5 chunk; default ~1 MiB per chunk.
+    pattern : str or None
+        Regex (``re.search``) a source path must match for :meth:`load` to be called on
+        it during ``create``; None means "not filled from sources" (use ``add``).
+    finite : bool
+        Reject items holding NaN or inf.
+    attrs : dict
+        JSON-serialisable user attributes stored with the feature.
+
+    Examples
+    --------
+    >>> import h5store as h5s
+    >>> class Energy(h5s.Feature):
+    ...     type_name = "example.Energy"
+    ...     def load(self, source):
+    ...         return np.ones(10, dtype="float32")
+    >>> Energy(shape=(None,), pattern=r"\\.wav$").spec().layout
+    'ragged'
+    """
+
+    type_name: ClassVar[str] = "h5store.Feature"
+
+    dtype: str = "float32"
+    shape: tuple[int | None, ...] = (None,)
+    layout: str | None = None
+    compression: str | None = None
+    compression_opts: int | None = None
+    shuffle: bool = False
+    chunk_rows: int | None = None
+    pattern: str | None = None
+    finite: bool = False
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "type_name" not in cls.__dict__:
+            cls.type_name = f"{cls.__module__}.{cls.__qualname__}"
+        dataclass(frozen=True, kw_only=True, eq=False)(cls)
+        register_feature(cls)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.shape, list):
+            object.__setattr__(self, "shape", tuple(self.shape))
+        try:
+            object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+        except TypeError:
+            pass  # reported by problems() when the class is defined
+
+    # -- declaration ---------------------------------------------------------
+    def problems(self) -> list[str]:
+        """What is wrong with these parameters (empty when valid). Subclasses extend it."""
+        out = []
+        if not isinstance(self.shape, tuple):
+            out.append(f"shape must be a tuple, got {self.shape!r}")
+            return out
+        try:
+            out.extend(ColumnSpec.problems(self._raw_spec()))
+        except (TypeError, ValueError) as e:
+            out.append(str(e))
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as e:
+                out.append(f"pattern {self.pattern!r} is not a valid regex ({e})")
+        return out
+
+    def _raw_spec(self) -> ColumnSpec:
+        # Build without __post_init__ validation, so problems() can list them all.
+        spec = object.__new__(ColumnSpec)
+        for k, v in self._spec_kwargs().items():
+            object.__setattr__(spec, k, v)
+        return spec
+
+    def _spec_kwargs(self) -> dict[str, Any]:
+        layout = self.layout or ("ragged" if self.shape and self.shape[0] is None else "fixed")
+        return dict(dtype=self.dtype, shape=self.shape, layout=layout, compression=self.compression,
+                    compression_opts=self.compression_opts, shuffle=self.shuffle,
+                    fletcher32=False, chunk_rows=self.chunk_rows)
+
+    def spec(self) -> ColumnSpec:
+        """The storage description of this feature."""
+        return ColumnSpec(**self._spec_kwargs())
+
+    def params(self) -> dict[str, Any]:
+        """All parameters, JSON-serialisable (stored in the file)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Feature:
+        """Rebuild from :meth:`params` (unknown keys from newer versions are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in params.items() if k in known})
+
+    # -- sources -------------------------------------------------------------
+    def accepts(self, source: str) -> bool:
+        """Whether ``create`` should call :meth:`load` on ``source``."""
+        return self.pattern is not None and re.search(self.pattern, str(source)) is not None
+
+    def prepare(self, sources: list[Source], existing: Feature | None = None) -> Feature:
+        """Learn dataset-wide parameters from all sources before any is loaded.
+
+        Called once, in the parent process, with every source that this feature
+        :meth:`accepts`; ``existing`` is the feature as already stored when appending to
+        a file. Returns the Feature to load with (``self`` when there is nothing to learn),
+        e.g. a label feature returns a copy holding the class vocabulary, which is then
+        stored in the file. The result is pickled to the workers: keep it small.
+        """
+        return self
+
+    def load(self, source: Any) -> Any:
+        """Turn one source into this feature's item. Subclasses that take sources define it."""
+        raise SchemaError(f"{type(self).__name__} has no loader: fill it with add() or define load()")
+
+    # -- values --------------------------------------------------------------
+    def encode(self, value: Any) -> Any:
+        """Validate ``value`` against the declaration and return what storage writes.
+
+        Casts only within a kind (float64 -> float32 is fine, float -> int is refused),
+        checks the number of dimensions and fixed dims, and refuses NaN/inf when
+        ``finite``. Raises :class:`~h5store.errors.SchemaError` saying what is wrong.
+        """
+        spec = self.spec()
+        if spec.layout == "blobs":
+            return [bytes(memoryview(b)) if not isinstance(b, bytes) else b for b in value]
+        arr = _cast(np.asarray(value), spec.np_dtype)
+        shape = spec.shape
+        if arr.ndim != len(shape):
+            raise SchemaError(f"expected {len(shape)} dims {_fmt_shape(shape)}, got shape {arr.shape}")
+        for d, (got, exp) in enumerate(zip(arr.shape, shape)):
+            if exp is not None and got != exp:
+                raise SchemaError(f"expected shape {_fmt_shape(shape)}, got {arr.shape} (axis {d})")
+        if self.finite and arr.dtype.kind in "fc" and arr.size and not np.isfinite(arr).all():
+            raise SchemaError("holds NaN or inf, which this feature forbids")
+        return np.require(arr, requirements="C")
+
+    def decode(self, raw: Any) -> Any:
+        """Turn a stored item back into what users get (identity for arrays)."""
+        return raw
+
+    # -- descriptor ----------------------------------------------------------
+    def __set_name__(self, owner: type, name: str) -> None:
+        object.__setattr__(self, "_attr_name", name)
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return obj.feature(self.__dict__.get("_attr_name", ""))
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        name = self.__dict__.get("_attr_name", "?")
+        raise AttributeError(f"use f.{name}[id] = array to write an item, not f.{name} = ...")
+
+    def __repr__(self) -> str:
+        own = {k: v for k, v in self.params().items() if k not in _BASE_DEFAULTS or _BASE_DEFAULTS[k] != v}
+        args = ", ".join(f"{k}={v!r}" for k, v in own.items())
+        return f"{type(self).__name__}({args})"
+
+
+_BASE_DEFAULTS = {f.name: (f.default if f.default is not dataclasses.MISSING else {}) for f in dataclasses.fields(Feature)}
+_BASE_DEFAULTS["shape"] = [None]
+register_feature(Feature)
+
+
+def _fmt_shape(shape: tuple[int | None, ...]) -> str:
+    return "(" + ", ".join("T" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _cast(arr: np.ndarray, want: np.dtype) -> np.ndarray:
+    """``arr`` as ``want``, refusing casts that lose more than float precision."""
+    have = arr.dtype
+    if have == want:
+        return arr
+    k, w = have.kind, want.kind
+    ok = k in "biufc" and (
+        (w == "b" and k == "b")
+        or (w in "iu" and k in "biu")
+        or (w == "f" and k in "biuf")
+        or (w == "c")
+    )
+    if not ok:
+        raise SchemaError(f"dtype {have} cannot be stored as {want} without loss")
+    if w in "iu" and k in "iu" and arr.size:
+        info = np.iinfo(want)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise SchemaError(f"values in [{arr.min()}, {arr.max()}] do not fit {want}")
+    return arr.astype(want)
+
+
+class Group:
+    """Features that share one id axis, stored under their own HDF5 group.
+
+    Examples
+    --------
+    >>> import h5store as h5s
+    >>> class Run(h5s.TypedFile):
+    ...     logs = h5s.Group(loss=h5s.Array(dtype="float32"))
+    >>> sorted(Run.schema.groups)
+    ['', 'logs']
+    """
+
+    def __init__(self, **features: Feature) -> None:
+        for name, feat in features.items():
+            if not isinstance(feat, Feature):
+                raise SchemaError(f"Group({name}=...): expected a Feature, got {type(feat).__name__}")
+        self.features: dict[str, Feature] = dict(features)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr_name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return obj.group(self._attr_name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(f"group {self._attr_name!r} cannot be replaced; add items with .add()")
+
+    def __repr__(self) -> str:
+        return f"Group({', '.join(f'{k}={v!r}' for k, v in self.features.items())})"
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A frozen schema: group name ("" for the root) -> feature name -> Feature."""
+
+    name: str
+    groups: Mapping[str, Mapping[str, Feature]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.name,
+            "groups": {
+                g: {n: {"type": f.type_name, "params": f.params()} for n, f in feats.items()}
+                for g, feats in self.groups.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Schema:
+        """Rebuild from :meth:`to_dict`. An unregistered type reads as a plain Feature
+        with the same storage (its custom decoding, if any, is not applied)."""
+        groups: dict[str, dict[str, Feature]] = {}
+        for g, feats in d.get("groups", {}).items():
+            groups[g] = {}
+            for n, entry in feats.items():
+                ftype = _REGISTRY.get(entry.get("type"), Feature)
+                try:
+                    groups[g][n] = ftype.from_params(entry.get("params", {}))
+                except (TypeError, ValueError) as e:
+                    raise SchemaError(f"{g or '/'}{'/' if g else ''}{n}: stored parameters rejected ({e})") from None
+        return cls(str(d.get("class", "H5File")), groups)
+
+    @classmethod
+    def collect(cls, owner: type) -> Schema:
+        """Collect the Features and Groups of ``owner`` over its MRO (derived overrides base)."""
+        root: dict[str, Feature] = {}
+        groups: dict[str, dict[str, Feature]] = {}
+        for klass in reversed(owner.__mro__):
+            for name, value in vars(klass).items():
+                if isinstance(value, Feature):
+                    groups.pop(name, None)
+                    root[name] = value
+                elif isinstance(value, Group):
+                    root.pop(name, None)
+                    groups[name] = dict(value.features)
+                elif name in root or name in groups:
+                    root.pop(name, None)  # overridden by a non-feature: removed
+                    groups.pop(name, None)
+        problems = []
+        for gname, feats in [("", root), *groups.items()]:
+            if gname and (not _NAME.match(gname) or gname in _RESERVED):
+                problems.append(f"{owner.__name__}.{gname}: invalid group name")
+            for fname, feat in feats.items():
+                where = f"{owner.__name__}.{gname + '.' if gname else ''}{fname}"
+                if not _NAME.match(fname) or fname in _RESERVED:
+                    problems.append(f"{where}: invalid feature name (reserved or not an identifier)")
+                problems.extend(f"{where}: {p}" for p in feat.problems())
+        if problems:
+            raise SchemaError("; ".join(problems))
+        return cls(owner.__name__, {"": root, **groups})
+
+    def feature(self, group: str, name: str) -> Feature:
+        return self.groups[group][name]

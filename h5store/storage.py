@@ -1,0 +1,746 @@
+"""Ragged concatenated columns on HDF5: the format, the writer, and the fast read paths.
+
+A *column* is one feature of one group (see ``docs/format.md``)::
+
+    <group>/<name>/data      every item concatenated along axis 0
+    <group>/<name>/index     (N, 2) int64 [start, stop) rows of `data` (or of `frames`) per id;
+                             an absent item is [-1, -1]
+    <group>/<name>/checksum  (N,) uint32 CRC-32 of each item's bytes (0 when absent)
+    <group>/<name>/frames    (F, 2) int64 [start, stop) bytes of `data` per blob ("blobs" layout)
+
+Storage knows nothing of Feature classes (as SQLAlchemy's Table knows nothing of mappers):
+it moves typed rows described by a :class:`ColumnSpec`.
+
+Reads are planned per batch (:func:`h5store.layout.plan_reads`) and go through one of
+three readers, chosen once per process:
+
+* :class:`DirectReader` - uncompressed, unfiltered data, contiguous or chunked: byte offsets
+  come from HDF5 once (``get_offset`` or the chunk table from ``chunk_iter``), then every read
+  is an ``os.preadv`` straight into the result array. No HDF5 call, no HDF5 global lock, and
+  the GIL is released during the copy, so threads read in parallel.
+* :class:`H5Reader` - anything else (compressed, filtered, or a file open for writing):
+  ``read_direct`` per coalesced run, with a chunk cache.
+* :class:`MemoryReader` - an array already in memory (``in_memory=True`` serving).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5store.errors import CorruptRecordError, FormatError, ReadOnlyError, SchemaError
+from h5store.layout import ReadPlan, gather, grow_capacity, plan_reads
+from h5store.refs import Refs
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Column",
+    "ColumnSpec",
+    "DirectReader",
+    "GroupStore",
+    "H5Reader",
+    "MemoryReader",
+    "check_root",
+    "init_root",
+]
+
+FORMAT_VERSION = 1
+ATTR_FORMAT = "h5store_format"
+ATTR_SCHEMA = "h5store_schema"
+ATTR_VERSION = "h5store_version"
+ABSENT = -1
+LAYOUTS = ("fixed", "ragged", "blobs")
+COMPRESSIONS = (None, "gzip", "lzf")
+_CHUNK_BYTES = 1 << 20  # ~1 MiB chunks: large sequential reads, small waste on partial chunks
+_SPILL_BYTES = 32 << 20  # pending rows are written in blocks of this size
+_INDEX_CHUNK = 1 << 15
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """How one column is stored.
+
+    ``shape`` is the per-item shape: ``(None, 80)`` is ragged along its first axis, ``(3,)``
+    fixed, ``()`` a scalar per item. The "blobs" layout stores each item as a sequence of
+    variable-length byte strings (e.g. a video's JPEG frames); its ``dtype`` is uint8 and
+    ``shape`` ``(None,)``.
+    """
+
+    dtype: str
+    shape: tuple[int | None, ...]
+    layout: str
+    compression: str | None = None
+    compression_opts: int | None = None
+    shuffle: bool = False
+    fletcher32: bool = False
+    chunk_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise SchemaError("; ".join(problems))
+
+    def problems(self) -> list[str]:
+        out = []
+        try:
+            dt = np.dtype(self.dtype)
+            if dt.hasobject or dt.kind in "OUSV":
+                out.append(f"dtype must be numeric or bool, got {self.dtype!r}")
+        except TypeError:
+            out.append(f"unknown dtype {self.dtype!r}")
+        if self.layout not in LAYOUTS:
+            out.append(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if any(d is not None and (not isinstance(d, int) or d < 0) for d in self.shape):
+            out.append(f"shape dims must be ints >= 0 or None, got {self.shape!r}")
+        if any(d is None for d in self.shape[1:]):
+            out.append(f"only the first axis may be variable (None), got {self.shape!r}")
+        if self.layout == "fixed" and None in self.shape:
+            out.append(f"a fixed layout needs a fixed shape, got {self.shape!r}")
+        if self.layout == "ragged" and (not self.shape or self.shape[0] is not None):
+            out.append(f"a ragged layout needs shape (None, ...), got {self.shape!r}")
+        if self.compression not in COMPRESSIONS:
+            out.append(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
+        if self.chunk_rows is not None and self.chunk_rows <= 0:
+            out.append(f"chunk_rows must be > 0, got {self.chunk_rows}")
+        return out
+
+    @property
+    def inner(self) -> tuple[int, ...]:
+        """Shape of one row of ``data``."""
+        if self.layout == "fixed":
+            return tuple(int(d) for d in self.shape)  # type: ignore[arg-type]
+        if self.layout == "blobs":
+            return ()
+        return tuple(int(d) for d in self.shape[1:])  # type: ignore[arg-type]
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
+
+    @property
+    def row_nbytes(self) -> int:
+        return int(np.prod(self.inner, dtype=np.int64)) * self.np_dtype.itemsize
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self.compression or self.shuffle or self.fletcher32)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ColumnSpec:
+        d = dict(d)
+        d["shape"] = tuple(d["shape"])
+        return cls(**d)
+
+
+# --------------------------------------------------------------------------- root
+def init_root(f: h5py.File, schema: dict[str, Any], version: str) -> None:
+    """Stamp an empty file as an h5store file of this format version."""
+    f.attrs[ATTR_FORMAT] = FORMAT_VERSION
+    f.attrs[ATTR_VERSION] = version
+    f.attrs[ATTR_SCHEMA] = json.dumps(schema, sort_keys=True)
+
+
+def check_root(f: h5py.File, path: str) -> dict[str, Any]:
+    """The schema dict of an h5store file; ``FormatError`` for anything else."""
+    try:
+        fmt = f.attrs.get(ATTR_FORMAT)
+        raw = f.attrs.get(ATTR_SCHEMA)
+    except Exception as e:  # noqa: BLE001 - damaged metadata surfaces as anything
+        raise FormatError(f"{path}: unreadable root attributes ({e})") from None
+    if fmt is None or raw is None:
+        raise FormatError(f"{path}: not an h5store file (no {ATTR_FORMAT!r} attribute)")
+    try:
+        fmt = int(fmt)
+    except (TypeError, ValueError):
+        raise FormatError(f"{path}: malformed {ATTR_FORMAT!r} attribute {fmt!r}") from None
+    if fmt > FORMAT_VERSION:
+        raise FormatError(
+            f"{path}: h5store format {fmt} is newer than this library reads ({FORMAT_VERSION});"
+            " upgrade h5store"
+        )
+    if fmt < 1:
+        raise FormatError(f"{path}: invalid h5store format version {fmt}")
+    try:
+        schema = json.loads(raw if isinstance(raw, str) else bytes(raw).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FormatError(f"{path}: malformed schema attribute ({e})") from None
+    if not isinstance(schema, dict) or not isinstance(schema.get("groups"), dict):
+        raise FormatError(f"{path}: malformed schema attribute (no 'groups')")
+    return schema
+
+
+# --------------------------------------------------------------------------- readers
+def _pread_into(fd: int, buf: np.ndarray, offset: int) -> int:
+    view = memoryview(buf).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            break
+        done += n
+    return done
+
+
+class DirectReader:
+    """Reads unfiltered rows with ``os.preadv`` at byte offsets HDF5 reported once.
+
+    ``pieces`` maps row ranges to file offsets: ``starts`` (the first row of each piece,
+    increasing) and ``offsets`` (its byte offset); a piece holds ``piece_rows`` rows
+    (contiguous data is a single piece).
+    """
+
+    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, starts: np.ndarray,
+                 offsets: np.ndarray, piece_rows: int) -> None:
+        self.path = path
+        self.shape = shape
+        self.dtype = dtype
+        self.row_nbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        self.starts = starts
+        self.offsets = offsets
+        self.piece_rows = piece_rows
+        self._fd: int | None = None
+        self._pid = -1
+
+    @classmethod
+    def for_dataset(cls, ds: h5py.Dataset, path: str) -> DirectReader | None:
+        """A direct reader when ``ds`` is plain numeric bytes in this file, else None."""
+        if ds.dtype.kind not in "biufc" or ds.dtype.hasobject:
+            return None
+        if ds.compression or ds.shuffle or ds.fletcher32 or ds.scaleoffset:
+            return None
+        if ds.external or ds.is_virtual:
+            return None
+        n = ds.shape[0] if ds.shape else 0
+        if ds.chunks is None:
+            off = ds.id.get_offset()
+            if off is None:
+                return None if n else cls(path, ds.shape, ds.dtype, np.zeros(1, np.int64), np.zeros(1, np.int64), 1)
+            return cls(path, ds.shape, ds.dtype, np.zeros(1, np.int64), np.array([off], np.int64), max(n, 1))
+        if tuple(ds.chunks[1:]) != tuple(ds.shape[1:]):
+            return None  # chunks split rows: not worth a direct path
+        rows = int(ds.chunks[0])
+        found: list[tuple[int, int]] = []
+        if n:
+            ds.id.chunk_iter(lambda info: found.append((info.chunk_offset[0], info.byte_offset)))
+        found.sort()
+        starts = np.array([c for c, _ in found], dtype=np.int64)
+        offsets = np.array([o for _, o in found], dtype=np.int64)
+        expected = np.arange(0, n, rows, dtype=np.int64)
+        if starts.shape != expected.shape or np.any(starts != expected):
+            return None  # unallocated chunks (fill values) are left to HDF5
+        row_nbytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
+        if starts.size > 1 and np.all(np.diff(offsets) == rows * row_nbytes):
+            # Chunks laid end to end (as a single writer allocates them): one piece.
+            return cls(path, ds.shape, ds.dtype, starts[:1], offsets[:1], max(n, 1))
+        return cls(path, ds.shape, ds.dtype, starts, offsets, rows)
+
+    def _file(self) -> int:
+        if self._fd is None or self._pid != os.getpid():
+            self._fd = os.open(self.path, os.O_RDONLY)
+            self._pid = os.getpid()
+        return self._fd
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fd"], state["_pid"] = None, -1
+        return state
+
+    def close(self) -> None:
+        if self._fd is not None and self._pid == os.getpid():
+            os.close(self._fd)
+        self._fd = None
+
+    def read_runs(self, plan: ReadPlan) -> np.ndarray:
+        out = np.empty((plan.total, *self.shape[1:]), dtype=self.dtype)
+        fd = self._file()
+        rb = self.row_nbytes
+        o = 0
+        for a, b in plan.runs.tolist():
+            if b > self.shape[0]:
+                raise CorruptRecordError(f"{self.path}: read of rows [{a}, {b}) past the end ({self.shape[0]})")
+            while a < b:
+                p = int(self.starts.searchsorted(a, side="right")) - 1
+                base = int(self.starts[p])
+                end = min(b, base + self.piece_rows)
+                want = (end - a) * rb
+                got = _pread_into(fd, out[o : o + end - a], int(self.offsets[p]) + (a - base) * rb)
+                if got != want:
+                    raise CorruptRecordError(
+                        f"{self.path}: short read ({got} of {want} bytes): the file is truncated"
+                    )
+                o += end - a
+                a = end
+        return out
+
+
+class H5Reader:
+    """Reads through h5py, one ``read_direct`` per coalesced run."""
+
+    def __init__(self, ds: h5py.Dataset) -> None:
+        self.ds = ds
+
+    def read_runs(self, plan: ReadPlan) -> np.ndarray:
+        ds = self.ds
+        out = np.empty((plan.total, *ds.shape[1:]), dtype=ds.dtype)
+        o = 0
+        n = ds.shape[0]
+        for a, b in plan.runs.tolist():
+            if b > n:
+                raise CorruptRecordError(f"{ds.file.filename}:{ds.name}: read of rows [{a}, {b}) past the end ({n})")
+            try:
+                ds.read_direct(out, np.s_[a:b], np.s_[o : o + b - a])
+            except OSError as e:
+                raise CorruptRecordError(f"{ds.file.filename}:{ds.name}: rows [{a}, {b}) unreadable ({e})") from None
+            o += b - a
+        return out
+
+
+class MemoryReader:
+    """Reads from an array already in memory (shared with forked or spawned workers)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def read_runs(self, plan: ReadPlan) -> np.ndarray:
+        if len(plan.runs) == 1:
+            a, b = plan.runs[0]
+            return self.array[a:b]
+        return np.concatenate([self.array[a:b] for a, b in plan.runs.tolist()]) if len(plan.runs) else self.array[:0]
+
+
+Reader = DirectReader | H5Reader | MemoryReader
+
+
+# --------------------------------------------------------------------------- columns
+def _chunk_rows(spec: ColumnSpec) -> int:
+    if spec.chunk_rows:
+        return spec.chunk_rows
+    return max(1, _CHUNK_BYTES // max(spec.row_nbytes, 1))
+
+
+def create_column(parent: h5py.Group, name: str, spec: ColumnSpec, n_items: int) -> h5py.Group:
+    """Create an empty column in ``parent`` for a group that already holds ``n_items`` ids."""
+    g = parent.create_group(name)
+    g.attrs["h5store_column"] = json.dumps(spec.to_dict(), sort_keys=True)
+    filters: dict[str, Any] = {}
+    if spec.compression:
+        filters["compression"] = spec.compression
+        if spec.compression_opts is not None:
+            filters["compression_opts"] = spec.compression_opts
+    if spec.shuffle:
+        filters["shuffle"] = True
+    if spec.fletcher32:
+        filters["fletcher32"] = True
+    inner = spec.inner
+    g.create_dataset("data", shape=(0, *inner), maxshape=(None, *inner), dtype=spec.np_dtype,
+                     chunks=(_chunk_rows(spec), *inner), **filters)
+    index = np.full((n_items, 2), ABSENT, dtype=np.int64)
+    g.create_dataset("index", data=index, maxshape=(None, 2), chunks=(_INDEX_CHUNK, 2))
+    g.create_dataset("checksum", data=np.zeros(n_items, np.uint32), maxshape=(None,), chunks=(_INDEX_CHUNK,))
+    if spec.layout == "blobs":
+        g.create_dataset("frames", shape=(0, 2), maxshape=(None, 2), dtype=np.int64, chunks=(_INDEX_CHUNK, 2))
+    return g
+
+
+class Column:
+    """One column of a group: reads, appends and overwrites of its items.
+
+    ``where`` names the file, group and column in error messages.
+    """
+
+    def __init__(self, g: h5py.Group, spec: ColumnSpec, where: str, writable: bool, path: str) -> None:
+        self.g = g
+        self.spec = spec
+        self.where = where
+        self.writable = writable
+        self.path = path
+        try:
+            self.data: h5py.Dataset = g["data"]
+            self._index_ds: h5py.Dataset = g["index"]
+            self._checksum_ds: h5py.Dataset = g["checksum"]
+            self._frames_ds: h5py.Dataset | None = g["frames"] if spec.layout == "blobs" else None
+        except KeyError as e:
+            raise FormatError(f"{where}: missing dataset ({e})") from None
+        if self.data.dtype != spec.np_dtype or tuple(self.data.shape[1:]) != spec.inner:
+            raise FormatError(
+                f"{where}: data is {self.data.dtype}{tuple(self.data.shape[1:])}, the schema says "
+                f"{spec.np_dtype}{spec.inner}"
+            )
+        self._index: np.ndarray | None = None
+        self._checksum: np.ndarray | None = None
+        self._frames: np.ndarray | None = None
+        self._reader: Reader | None = None
+        self._reader_pid = -1
+        # writer state
+        self._size = int(self.data.shape[0])  # logical rows, pending included
+        self._pending: list[np.ndarray] = []
+        self._pending_bytes = 0
+        self._pending_frames: list[np.ndarray] = []
+        self._dirty_from: int | None = None
+
+    # ---------------------------------------------------------------- tables
+    @property
+    def index(self) -> np.ndarray:
+        """``(N, 2)`` int64 ``[start, stop)`` per item, validated once when first read."""
+        if self._index is None:
+            idx = self._index_ds[...]
+            self._validate_index(idx)
+            self._index = idx
+        return self._index
+
+    @property
+    def checksums(self) -> np.ndarray:
+        if self._checksum is None:
+            c = self._checksum_ds[...]
+            if len(c) != len(self.index):
+                raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(self.index)}")
+            self._checksum = c
+        return self._checksum
+
+    @property
+    def frames(self) -> np.ndarray:
+        if self._frames is None:
+            assert self._frames_ds is not None
+            fr = self._frames_ds[...]
+            self._check_ranges(fr, int(self.data.shape[0]), "frames")
+            self._frames = fr
+        return self._frames
+
+    def _target_len(self) -> int:
+        return len(self.frames) if self.spec.layout == "blobs" else int(self.data.shape[0])
+
+    def _validate_index(self, idx: np.ndarray) -> None:
+        if idx.ndim != 2 or idx.shape[1] != 2:
+            raise CorruptRecordError(f"{self.where}: index has shape {idx.shape}, expected (N, 2)")
+        self._check_ranges(idx, self._target_len() if self.spec.layout != "blobs" else len(self.frames), "index")
+
+    def _check_ranges(self, r: np.ndarray, limit: int, what: str) -> None:
+        if not len(r):
+            return
+        absent = (r[:, 0] == ABSENT) & (r[:, 1] == ABSENT)
+        s, e = r[~absent, 0], r[~absent, 1]
+        bad = (s < 0) | (e < s) | (e > limit)
+        if self.spec.layout == "fixed" and what == "index":
+            bad |= (e - s) != 1
+        if bad.any():
+            row = int(np.flatnonzero(~absent)[np.argmax(bad)])
+            raise CorruptRecordError(
+                f"{self.where}: {what} row {row} = {r[row].tolist()} points outside the {limit} stored rows"
+            )
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Rows (or blobs) per item; 0 for absent items."""
+        idx = self.index
+        return idx[:, 1] - idx[:, 0]
+
+    @property
+    def present(self) -> np.ndarray:
+        return self.index[:, 0] != ABSENT
+
+    # ---------------------------------------------------------------- reading
+    def reader(self) -> Reader:
+        if self._reader is None or (self._reader_pid != os.getpid() and not isinstance(self._reader, MemoryReader)):
+            self._reader = None
+            if not self.writable:
+                self._reader = DirectReader.for_dataset(self.data, self.path)
+            if self._reader is None:
+                self._reader = H5Reader(self.data)
+            self._reader_pid = os.getpid()
+        return self._reader
+
+    def use_memory(self, array: np.ndarray) -> None:
+        """Serve reads from ``array`` (this column's whole ``data``, e.g. in shared memory)."""
+        if array.shape != self.data.shape or array.dtype != self.data.dtype:
+            raise ValueError(f"{self.where}: in-memory copy is {array.dtype}{array.shape}, data is {self.data.dtype}{self.data.shape}")
+        self._reader = MemoryReader(array)
+
+    def _missing(self, rows: np.ndarray) -> None:
+        absent = self.index[rows, 0] == ABSENT
+        if absent.any():
+            raise KeyError(int(rows[np.argmax(absent)]))
+
+    def read_ranges(self, starts: np.ndarray, stops: np.ndarray, max_gap: int = 0) -> list[np.ndarray]:
+        """Rows ``[start, stop)`` of ``data`` for each pair, one planned read for all."""
+        self.flush_pending()
+        plan = plan_reads(starts, stops, max_gap=max_gap)
+        return gather(plan, self.reader().read_runs(plan))
+
+    def read_items(self, rows: Sequence[int] | np.ndarray, verify: bool = False) -> list[np.ndarray]:
+        """Whole items at group ``rows`` (absent rows raise ``KeyError(row)``)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.flush_pending()
+        idx = self.index[rows]
+        self._missing(rows)
+        if self.spec.layout == "blobs":
+            return self._read_blob_items(idx, rows, verify)
+        parts = self.read_ranges(idx[:, 0], idx[:, 1], max_gap=self._gap())
+        if self.spec.layout == "fixed":
+            parts = [p[0] for p in parts]
+        if verify:
+            self.verify(rows, parts)
+        return parts
+
+    def _gap(self) -> int:
+        # Through HDF5 each call costs ~20 us: merge runs separated by < 64 KiB of rows.
+        if isinstance(self.reader(), H5Reader):
+            return max(0, (64 << 10) // max(self.spec.row_nbytes, 1))
+        return 0
+
+    def _read_blob_items(self, idx: np.ndarray, rows: np.ndarray, verify: bool) -> list[Any]:
+        fr = self.frames
+        out = []
+        spans = [fr[a:b] for a, b in idx.tolist()]
+        starts = np.array([s[0, 0] if len(s) else 0 for s in spans], dtype=np.int64)
+        stops = np.array([s[-1, 1] if len(s) else 0 for s in spans], dtype=np.int64)
+        blocks = self.read_ranges(starts, stops)
+        if verify:
+            self.verify(rows, blocks)
+        for s, block, base in zip(spans, blocks, starts.tolist()):
+            out.append([block[a - base : b - base] for a, b in s.tolist()])
+        return out
+
+    def read_blobs(self, row: int, first: int, stop: int) -> list[np.ndarray]:
+        """Blobs ``first..stop-1`` of the item at ``row`` (only their bytes are read)."""
+        self.flush_pending()
+        self._missing(np.array([row]))
+        a, b = self.index[row]
+        n = b - a
+        if not (0 <= first <= stop <= n):
+            raise IndexError(f"{self.where}: blobs [{first}, {stop}) out of range for an item of {n}")
+        span = self.frames[a + first : a + stop]
+        if not len(span):
+            return []
+        base = int(span[0, 0])
+        block = self.read_ranges(np.array([base]), np.array([span[-1, 1]]))[0]
+        return [block[s - base : e - base] for s, e in span.tolist()]
+
+    def verify(self, rows: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+        """Raise :class:`CorruptRecordError` unless each part matches its stored CRC-32."""
+        expect = self.checksums[rows]
+        for r, p, c in zip(rows.tolist(), parts, expect.tolist()):
+            if zlib.crc32(np.ascontiguousarray(p)) != c:
+                raise CorruptRecordError(f"{self.where}: item at row {r} fails its checksum")
+
+    # ---------------------------------------------------------------- writing
+    def _need_writable(self) -> None:
+        if not self.writable:
+            raise ReadOnlyError(f"{self.where}: file is open read-only (mode 'r'); reopen with mode 'a'")
+
+    def grow_items(self, n: int) -> None:
+        """Make room for group rows up to ``n`` (new rows absent)."""
+        idx, crc = self.index, self.checksums
+        if n > len(idx):
+            extra = n - len(idx)
+            self._index = np.concatenate([idx, np.full((extra, 2), ABSENT, np.int64)])
+            self._checksum = np.concatenate([crc, np.zeros(extra, np.uint32)])
+            self._mark(len(idx))
+
+    def _mark(self, row: int) -> None:
+        self._dirty_from = row if self._dirty_from is None else min(self._dirty_from, row)
+
+    def append(self, rows: np.ndarray, items: Sequence[Any]) -> None:
+        """Store ``items`` (already validated arrays, or blob lists) for group ``rows``."""
+        self._need_writable()
+        if not len(items):
+            return
+        rows = np.asarray(rows, dtype=np.int64)
+        idx = self.index
+        if np.any(idx[rows, 0] != ABSENT):
+            raise ValueError(f"{self.where}: item at row {int(rows[np.argmax(idx[rows, 0] != ABSENT)])} already stored")
+        crc = np.empty(len(items), np.uint32)
+        if self.spec.layout == "blobs":
+            blobs = [[np.frombuffer(memoryview(b).cast("B"), np.uint8) for b in item] for item in items]
+            counts = np.fromiter((len(b) for b in blobs), np.int64, len(blobs))
+            flat = [b for item in blobs for b in item]
+            sizes = np.fromiter((len(b) for b in flat), np.int64, len(flat))
+            ends = self._size + np.cumsum(sizes)
+            frame_rows = np.stack([ends - sizes, ends], axis=1) if len(flat) else np.zeros((0, 2), np.int64)
+            f0 = len(self.frames) + sum(len(p) for p in self._pending_frames)
+            fstops = f0 + np.cumsum(counts)
+            idx[rows] = np.stack([fstops - counts, fstops], axis=1)
+            for j, item in enumerate(blobs):
+                crc[j] = zlib.crc32(b"".join(item))
+            self._pending_frames.append(frame_rows)
+            block = np.concatenate(flat) if flat else np.zeros(0, np.uint8)
+        else:
+            if self.spec.layout == "fixed":
+                block = np.stack(items)
+                lengths = np.ones(len(items), np.int64)
+            else:
+                block = np.concatenate(items) if len(items) > 1 else np.asarray(items[0])
+                lengths = np.fromiter((len(x) for x in items), np.int64, len(items))
+            stops = self._size + np.cumsum(lengths)
+            idx[rows] = np.stack([stops - lengths, stops], axis=1)
+            for j, x in enumerate(items):
+                crc[j] = zlib.crc32(np.ascontiguousarray(x))
+        self.checksums[rows] = crc
+        self._mark(int(rows.min()))
+        block = np.ascontiguousarray(block, dtype=self.spec.np_dtype)
+        self._pending.append(block)
+        self._pending_bytes += block.nbytes
+        self._size += len(block)
+        if self._pending_bytes >= _SPILL_BYTES:
+            self.flush_pending()
+
+    def overwrite(self, row: int, item: np.ndarray) -> None:
+        """Replace the stored item at ``row`` by one of the same shape."""
+        self._need_writable()
+        self.flush_pending()
+        if self.spec.layout == "blobs":
+            raise SchemaError(f"{self.where}: blob items cannot be overwritten in place")
+        a, b = (int(v) for v in self.index[row])
+        old_shape = (b - a, *self.spec.inner) if self.spec.layout == "ragged" else self.spec.inner
+        if item.shape != old_shape:
+            raise SchemaError(f"{self.where}: overwrite needs shape {old_shape}, got {item.shape}")
+        self.data[a:b] = item if self.spec.layout == "ragged" else item[None]
+        self.checksums[row] = zlib.crc32(np.ascontiguousarray(item, dtype=self.spec.np_dtype))
+        self._mark(row)
+
+    def flush_pending(self) -> None:
+        """Write buffered rows to ``data`` (growing it geometrically)."""
+        if not self._pending:
+            return
+        block = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending, self._pending_bytes = [], 0
+        start = self._size - len(block)
+        if self.data.shape[0] < self._size:
+            self.data.resize(grow_capacity(self.data.shape[0], self._size, minimum=_chunk_rows(self.spec)), axis=0)
+        self.data[start : self._size] = block
+        if self._pending_frames:
+            fr = np.concatenate(self._pending_frames)
+            self._pending_frames = []
+            self._frames = np.concatenate([self.frames, fr]) if self._frames is not None or len(fr) else fr
+        self._reader = None
+
+    def flush(self) -> None:
+        """Write everything pending and trim ``data`` to its logical length."""
+        if not self.writable:
+            return
+        self.flush_pending()
+        if self.data.shape[0] != self._size:
+            self.data.resize(self._size, axis=0)
+        if self._frames_ds is not None and self._frames is not None and len(self._frames) != self._frames_ds.shape[0]:
+            old = self._frames_ds.shape[0]
+            self._frames_ds.resize(len(self._frames), axis=0)
+            self._frames_ds[old:] = self._frames[old:]
+        if self._dirty_from is not None:
+            d = self._dirty_from
+            n = len(self.index)
+            if self._index_ds.shape[0] != n:
+                self._index_ds.resize(n, axis=0)
+                self._checksum_ds.resize(n, axis=0)
+            self._index_ds[d:n] = self.index[d:n]
+            self._checksum_ds[d:n] = self.checksums[d:n]
+            self._dirty_from = None
+
+
+# --------------------------------------------------------------------------- groups
+IDS = "ids"
+_IDS_SPEC = ColumnSpec(dtype="uint8", shape=(None,), layout="ragged", chunk_rows=1 << 18)
+
+
+class GroupStore:
+    """A group's refs table and its columns, as stored under one HDF5 group.
+
+    Parameters
+    ----------
+    g : h5py.Group
+        The HDF5 group (``/`` for the root group).
+    specs : dict
+        Column name -> :class:`ColumnSpec`; missing columns are created when writable.
+    where : str
+        ``"file.h5:/group"``, for messages.
+    """
+
+    def __init__(self, g: h5py.Group, specs: dict[str, ColumnSpec], where: str, writable: bool, path: str) -> None:
+        self.g = g
+        self.where = where
+        self.writable = writable
+        if IDS not in g:
+            if not writable:
+                raise FormatError(f"{where}: group has no ids table")
+            create_column(g, IDS, _IDS_SPEC, 0)
+        base = where.rstrip("/")
+        self._ids = Column(g[IDS], _IDS_SPEC, f"{base}/ids", writable, path)
+        self._refs: Refs | None = None
+        self.columns: dict[str, Column] = {}
+        n = int(g[IDS]["index"].shape[0])
+        for name, spec in specs.items():
+            if name not in g:
+                if not writable:
+                    raise FormatError(f"{where}: no column {name!r} in the file")
+                create_column(g, name, spec, n)
+            self.columns[name] = Column(g[name], spec, f"{base}/{name}", writable, path)
+            if self.columns[name]._index_ds.shape[0] != n:
+                raise CorruptRecordError(f"{where}/{name}: index has {self.columns[name]._index_ds.shape[0]} rows for {n} ids")
+
+    @property
+    def refs(self) -> Refs:
+        if self._refs is None:
+            ids = self._ids
+            data = ids.read_ranges(np.array([0]), np.array([ids._size]))[0] if ids._size else np.zeros(0, np.uint8)
+            self._refs = Refs(ids.index, data, ids.checksums, where=self.where)
+        return self._refs
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def add(self, ids: Sequence[str], items: dict[str, Sequence[Any]]) -> np.ndarray:
+        """Append new ids with their items (each list as long as ``ids``); returns their rows."""
+        if not self.writable:
+            raise ReadOnlyError(f"{self.where}: file is open read-only (mode 'r'); reopen with mode 'a'")
+        for name in items:
+            if name not in self.columns:
+                raise SchemaError(f"{self.where}: no feature {name!r} (features: {sorted(self.columns)})")
+        rows = self.refs.add(ids)
+        n = len(self.refs)
+        for name, col in self.columns.items():
+            col.grow_items(n)
+            if name in items and len(items[name]):
+                col.append(rows, items[name])
+        return rows
+
+    def put(self, name: str, row: int, item: Any) -> None:
+        """Store the item of feature ``name`` for an existing row (append if absent, else overwrite)."""
+        col = self.columns[name]
+        if col.index[row, 0] == ABSENT:
+            col.append(np.array([row]), [item])
+        else:
+            col.overwrite(row, item)
+
+    def flush(self) -> None:
+        if not self.writable:
+            return
+        refs = self.refs
+        if refs._pending_list:
+            start = len(refs._index)
+            lengths, data, crc = refs.take_pending()
+            ids = self._ids
+            ids.grow_items(len(refs))
+            # Rows of the ids column are the refs rows themselves.
+            stops = ids._size + np.cumsum(lengths)
+            ids.index[start:] = np.stack([stops - lengths, stops], axis=1)
+            ids.checksums[start:] = crc
+            ids._pending.append(data)
+            ids._pending_bytes += data.nbytes
+            ids._size += len(data)
+            ids._mark(start)
+        self._ids.flush()
+        for col in self.columns.values():
+            col.flush()

@@ -1,0 +1,321 @@
+"""TypedFile: the schema class, and the open / create / serve façade.
+
+Declare a schema as a class; an instance is one open file::
+
+    class Speech(h5s.TypedFile):
+        mel = h5s.MelSpectrogram(sr=22050, n_mels=80)
+        label = h5s.DirLabel()
+        logs = h5s.Group(loss=h5s.Array())
+
+    with Speech("speech.h5", mode="a") as f:
+        f.add("a", dict(mel=np.zeros((10, 80), "float32"), label=0))
+
+The instance opens its file in ``__init__`` (so a foreign or damaged file is refused at
+once) and pickles to its recipe: unpickled in a DataLoader worker it reopens the file
+lazily, read-only, in that process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from h5store.access import FeatureView, GroupView, IdsView
+from h5store.errors import FormatError, NotFound, ReadOnlyError, SchemaError
+from h5store.handle import FileHandle
+from h5store.schema import Feature, Schema
+from h5store.storage import GroupStore, check_root, init_root
+
+__all__ = ["TypedFile", "open"]
+
+
+def _version() -> str:
+    from h5store import __version__
+
+    return __version__
+
+
+class TypedFile:
+    """A schema class whose instances are open h5store files.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    mode : {"r", "r+", "a", "w", "w-", "x"}
+        h5py's modes: "r" read-only (default), "r+" read/write an existing file, "a"
+        read/write, creating it if absent, "w" create (truncate), "w-"/"x" create, fail if
+        it exists.
+    **options
+        Passed to :class:`h5py.File` (e.g. ``rdcc_nbytes``).
+
+    Notes
+    -----
+    The file holds its schema. Opening it with a class checks that every declared
+    feature is stored the way the class declares it (dtype, shape, layout); features the
+    file has and the class does not are still readable. A writable open adds declared
+    features the file lacks. BEWARE: only one process may write a file at a time; any
+    number may read it, also while it is being written (they see what was flushed).
+
+    Examples
+    --------
+    >>> import h5store as h5s, numpy as np, tempfile, os
+    >>> class Tiny(h5s.TypedFile):
+    ...     x = h5s.Array(dtype="float32", shape=(None, 2))
+    >>> path = os.path.join(tempfile.mkdtemp(), "tiny.h5")
+    >>> with Tiny(path, mode="w") as f:
+    ...     _ = f.add("a", dict(x=np.ones((3, 2))))
+    >>> with h5s.open(path) as f:
+    ...     f.x["a"].shape
+    (3, 2)
+    """
+
+    schema: ClassVar[Schema] = Schema("TypedFile", {"": {}})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.schema = Schema.collect(cls)
+
+    def __init__(self, path: str | os.PathLike[str], mode: str = "r", **options: Any) -> None:
+        self._setup(str(path), mode, options)
+        self._ensure_open()
+
+    def _setup(self, path: str, mode: str, options: dict[str, Any]) -> None:
+        self._handle = FileHandle(path, mode, **options)
+        self._schema: Schema = type(self).schema
+        self._groups: dict[str, GroupView] = {}
+        self._pid = -1
+
+    # -- opening -------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], mode: str = "r", **options: Any) -> TypedFile:
+        """Open an existing file (``cls(path, mode)``; TypedFile itself reads any schema)."""
+        return cls(path, mode, **options)
+
+    def _ensure_open(self) -> None:
+        if self._pid == os.getpid() and self._handle.is_open:
+            return
+        h = self._handle
+        f = h.file
+        self._groups = {}
+        path = h.path
+        is_new = h.writable and len(f) == 0 and len(f.attrs) == 0
+        declared = type(self).schema
+        if is_new:
+            if not any(declared.groups.values()) and type(self) is TypedFile:
+                raise SchemaError(f"{path}: creating a file needs a schema: use a TypedFile subclass")
+            init_root(f, declared.to_dict(), _version())
+            self._schema = declared
+        else:
+            try:
+                stored = Schema.from_dict(check_root(f, path))
+            except SchemaError as e:
+                raise FormatError(f"{path}: {e}") from None
+            self._schema = self._merge(stored, declared, path, h.writable)
+            if h.writable and self._schema.to_dict()["groups"] != stored.to_dict()["groups"]:
+                init_root(f, self._schema.to_dict(), _version())
+        self._pid = os.getpid()
+
+    @staticmethod
+    def _merge(stored: Schema, declared: Schema, path: str, writable: bool) -> Schema:
+        groups = {g: dict(feats) for g, feats in stored.groups.items()}
+        missing = []
+        for g, feats in declared.groups.items():
+            have = groups.setdefault(g, {})
+            for name, feat in feats.items():
+                where = f"{path}:/{g + '/' if g else ''}{name}"
+                if name in have:
+                    a, b = have[name].spec(), feat.spec()
+                    if (a.dtype, a.shape, a.layout) != (b.dtype, b.shape, b.layout):
+                        raise SchemaError(
+                            f"{where}: stored as {a.dtype} {a.shape} ({a.layout}), "
+                            f"but {declared.name} declares {b.dtype} {b.shape} ({b.layout})"
+                        )
+                elif not writable:
+                    missing.append(where)
+                have[name] = feat
+        if missing:
+            raise SchemaError(
+                f"{', '.join(missing)}: declared by {declared.name} but not in the file; "
+                "open with mode='a' to add the feature"
+            )
+        return Schema(declared.name if declared.name != "TypedFile" else stored.name, groups)
+
+    # -- pickling: the recipe ------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        h = self._handle
+        # A copy in another process is a reader: h5store allows one writer.
+        return {"path": h.path, "mode": "r", "options": h.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["path"], state["mode"], dict(state["options"]))
+
+    # -- structure -----------------------------------------------------------
+    @property
+    def path(self) -> str:
+        return self._handle.path
+
+    @property
+    def mode(self) -> str:
+        return self._handle.mode
+
+    @property
+    def writable(self) -> bool:
+        return self._handle.writable
+
+    @property
+    def file_schema(self) -> Schema:
+        """The schema of the open file (the class's, plus what the file adds)."""
+        self._ensure_open()
+        return self._schema
+
+    @property
+    def h5(self) -> Any:
+        """The underlying :class:`h5py.File` of this process (read it, don't restructure it)."""
+        self._ensure_open()
+        return self._handle.file
+
+    def group(self, name: str = "") -> GroupView:
+        """The view of one group ("" is the root group)."""
+        self._ensure_open()
+        view = self._groups.get(name)
+        if view is None:
+            if name not in self._schema.groups:
+                raise NotFound(f"{self.path}: no group {name!r} (groups: {sorted(g for g in self._schema.groups if g)})")
+            feats = self._schema.groups[name]
+            f = self._handle.file
+            where = f"{self.path}:/{name}"
+            if name and name not in f:
+                if not self.writable:
+                    raise FormatError(f"{where}: group missing from the file")
+                f.create_group(name)
+            g = f[name] if name else f
+            store = GroupStore(g, {n: ft.spec() for n, ft in feats.items()}, where, self.writable, self.path)
+            view = self._groups[name] = GroupView(name, store, feats)
+        return view
+
+    def feature(self, name: str) -> FeatureView:
+        """The view of a root-group feature (``f.feature("mel")`` is ``f.mel``)."""
+        return self.group("").feature(name)
+
+    def __getattr__(self, name: str) -> Any:
+        # Features known only from the file (h5s.open without a class).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self._ensure_open()
+        schema = self.__dict__.get("_schema")
+        if schema is not None:
+            if name in schema.groups.get("", {}):
+                return self.feature(name)
+            if name in schema.groups:
+                return self.group(name)
+        raise AttributeError(f"{type(self).__name__!s} has no feature or group {name!r}")
+
+    @property
+    def features(self) -> dict[str, Feature]:
+        """Root-group features of the open file."""
+        return dict(self.file_schema.groups[""])
+
+    @property
+    def groups(self) -> list[str]:
+        return [g for g in self.file_schema.groups if g]
+
+    # -- root group shortcuts --------------------------------------------------
+    @property
+    def ids(self) -> IdsView:
+        """The root group's ids, in insertion order."""
+        return self.group().ids
+
+    def __len__(self) -> int:
+        return len(self.group())
+
+    def __contains__(self, id: object) -> bool:
+        return id in self.group()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.group())
+
+    def get(self, key: str | int, default: Any = None) -> Any:
+        """Every feature of one id as a dict (``default`` when absent)."""
+        return self.group().get(key, default)
+
+    def add(self, id: str, values: Mapping[str, Any]) -> int:
+        """Add one id to the root group; returns its position.
+
+        Raises :class:`~h5store.errors.DuplicateIdError` when the id exists and
+        :class:`~h5store.errors.SchemaError` when a value does not fit its feature.
+        """
+        self._need_writable()
+        return self.group().add(id, values)
+
+    def extend(self, records: Any, columns: Mapping[str, Sequence[Any]] | None = None) -> np.ndarray:
+        """Add many ids at once (see :meth:`GroupView.extend <h5store.access.GroupView.extend>`)."""
+        self._need_writable()
+        return self.group().extend(records, columns)
+
+    def _need_writable(self) -> None:
+        if not self.writable:
+            raise ReadOnlyError(f"{self.path}: file is open read-only (mode 'r'); reopen with mode 'a'")
+
+    # -- lifecycle -----------------------------------------------------------
+    def flush(self) -> None:
+        """Write everything pending; afterwards ids, index and data agree on disk."""
+        if self.writable and self._pid == os.getpid():
+            for view in self._groups.values():
+                view.store.flush()
+            self._handle.flush()
+
+    def close(self) -> None:
+        """Flush and close this process's handle."""
+        if self._pid == os.getpid() and self._handle.is_open:
+            self.flush()
+        self._handle.close()
+        self._groups = {}
+        self._pid = -1
+
+    def __enter__(self) -> TypedFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "open" if self._handle.is_open else "closed"
+        return f"<{type(self).__name__} {self.path!r} mode={self.mode!r} ({state})>"
+
+    # -- ingest and serving (their layers import torch/joblib lazily) ----------
+    @classmethod
+    def create(cls, path: str | os.PathLike[str], sources: Any, **kwargs: Any) -> TypedFile:
+        """Build a file from raw sources in parallel; see :func:`h5store.ingest.create`."""
+        from h5store.ingest import create
+
+        return create(cls, path, sources, **kwargs)
+
+    def serve(self, batch: Mapping[str, Any], **loader_kwargs: Any) -> Any:
+        """A PyTorch DataLoader over this file; see :func:`h5store.serving.serve`."""
+        from h5store.serving import serve
+
+        return serve(self, batch, **loader_kwargs)
+
+
+def open(path: str | os.PathLike[str], mode: str = "r", **options: Any) -> TypedFile:
+    """Open any h5store file without its class; the schema comes from the file.
+
+    Built-in features decode as usual; a custom feature whose class is not imported reads
+    as its raw stored arrays.
+
+    Examples
+    --------
+    >>> f = h5store.open("speech.h5")  # doctest: +SKIP
+    >>> f.mel[0].shape  # doctest: +SKIP
+    (212, 80)
+    """
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    return TypedFile(path, mode, **options)
+
+
