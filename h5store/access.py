@@ -170,7 +170,10 @@ class FeatureView:
     def __setitem__(self, key: Key, value: Any) -> None:
         row = self.group.position(key)
         item = self.group._encode(self.name, value, key)
-        self.group.store.put(self.name, row, item)
+        try:
+            self.group.store.put(self.name, row, item)
+        except SchemaError as e:
+            raise SchemaError(f"{e} (id {self.group.store.refs.id(row)!r})") from None
 
     def __iter__(self) -> Iterator[Any]:
         n = len(self)
@@ -261,24 +264,26 @@ class GroupView:
         try:
             return self.features[name].encode(value)
         except SchemaError as e:
-            raise SchemaError(f"{self.store.where}/{name}: id {id!r}: {e}") from None
+            raise SchemaError(f"{self.store.where.rstrip('/')}/{name}: id {id!r}: {e}") from None
 
     def add(self, id: str, values: Mapping[str, Any]) -> int:
         """Add one id with its features' items; returns its position."""
         return int(self.extend([(id, values)])[0])
 
     def extend(self, records: Iterable[tuple[str, Mapping[str, Any]]] | Sequence[str],
-               columns: Mapping[str, Sequence[Any]] | None = None) -> np.ndarray:
+               columns: Mapping[str, Sequence[Any]] | None = None, *, encoded: bool = False) -> np.ndarray:
         """Add many ids at once: ``extend([(id, {feat: x}), ...])`` or ``extend(ids, {feat: [x, ...]})``.
 
         Every item is validated before anything is stored, so a bad item adds nothing.
+        ``encoded=True`` skips validation for items that already went through
+        :meth:`Feature.encode <h5store.schema.Feature.encode>` (ingest validates in its workers).
         Returns the new positions.
         """
         if columns is not None:
             ids = list(records)  # type: ignore[arg-type]
             for name, col in columns.items():
                 if len(col) != len(ids):
-                    raise ValueError(f"{self.store.where}/{name}: {len(col)} items for {len(ids)} ids")
+                    raise ValueError(f"{self.store.where.rstrip('/')}/{name}: {len(col)} items for {len(ids)} ids")
             recs: list[tuple[str, Mapping[str, Any]]] = [
                 (i, {n: columns[n][j] for n in columns}) for j, i in enumerate(ids)
             ]
@@ -289,10 +294,32 @@ class GroupView:
             for name, value in values.items():
                 sel, items = per.setdefault(name, ([], []))
                 sel.append(j)
-                items.append(self._encode(name, value, id))
+                items.append(value if encoded else self._encode(name, value, id))
         rows = self.store.add([r[0] for r in recs], {})
         for name, (sel, items) in per.items():
             self.store.columns[name].append(rows[np.asarray(sel, dtype=np.int64)], items)
+        return rows
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One row per feature: items, dtype, item shape, length percentiles, bytes, compression.
+
+        Reads only index tables and HDF5 metadata, never the data: cheap on any file size.
+        """
+        rows = []
+        for name in self.features:
+            col = self.store.columns[name]
+            spec = col.spec
+            present = col.present
+            lengths = col.lengths[present]
+            on_disk = sum(int(d.id.get_storage_size()) for d in col.g.values() if hasattr(d, "id") and hasattr(d.id, "get_storage_size"))
+            raw = int(col.data.shape[0]) * spec.row_nbytes if spec.layout != "blobs" else int(col.data.shape[0])
+            pct = np.percentile(lengths, [0, 50, 95, 100]).tolist() if spec.layout != "fixed" and lengths.size else []
+            rows.append(dict(
+                feature=name, type=self.features[name].type_name, items=int(present.sum()), ids=len(present),
+                dtype=spec.dtype, shape=spec.shape, layout=spec.layout, lengths=pct,
+                compression=spec.compression, data_bytes=raw, disk_bytes=on_disk,
+                ratio=(raw / on_disk) if on_disk else None,
+            ))
         return rows
 
     def __repr__(self) -> str:

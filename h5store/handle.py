@@ -35,11 +35,17 @@ _MODES = WRITE_MODES | {"r"}
 
 # Writable h5py files open in this process: their descriptors are silenced in forked children.
 _writable: weakref.WeakSet[FileHandle] = weakref.WeakSet()
+# Read-only handles too: one opened while this process also has the file open for writing
+# shares HDF5's writable file object, so in a child it must be dropped along with the writer.
+_readers: weakref.WeakSet[FileHandle] = weakref.WeakSet()
 
 
 def _silence_inherited_writers() -> None:
     for handle in list(_writable):
         handle._disown()
+    for handle in list(_readers):
+        if handle._shares_writer():
+            handle._disown()
 
 
 os.register_at_fork(after_in_child=_silence_inherited_writers)
@@ -110,6 +116,10 @@ class FileHandle:
             mode = "w"  # we just created the (empty) file under the lock
         if mode in ("w-", "x"):
             mode = "w"  # existence was checked before the lock created the file
+        if mode in ("r", "r+") and _is_empty(self.path):
+            # HDF5 would open an empty file in "r+" as a new one: "r+" must not create.
+            self._release_lock()
+            raise FormatError(f"{self.path}: empty file (0 bytes), not an HDF5 file")
         try:
             self._file = h5py.File(self.path, mode, locking=False, **self._h5_options())
         except FileNotFoundError:
@@ -121,14 +131,16 @@ class FileHandle:
                 raise FileNotFoundError(f"{self.path}: no such file") from None
             raise FormatError(f"{self.path}: not a readable HDF5 file ({_reason(e)})") from None
         self._pid = os.getpid()
-        if self.writable:
-            _writable.add(self)
+        (_writable if self.writable else _readers).add(self)
 
     def _h5_options(self) -> dict[str, Any]:
         opts = dict(self.options)
         if self.writable:
-            # New-style metadata carries checksums, so a flipped metadata bit is detected.
-            opts.setdefault("libver", ("v110", "latest"))
+            # Low bound v108: superblock v2 and v2 object headers carry checksums (a flipped
+            # metadata bit is detected). Not v110: its superblock v3 marks the file "open for
+            # write" while a writer has it, and HDF5 then refuses every reader (and, after a
+            # crash, every open until `h5clear -s`).
+            opts.setdefault("libver", ("v108", "latest"))
         opts.setdefault("rdcc_nbytes", 16 * 1024 * 1024)
         return opts
 
@@ -169,6 +181,13 @@ class FileHandle:
         os.close(self._lock_fd)
         self._lock_fd = None
 
+    def _shares_writer(self) -> bool:
+        f = self._file
+        try:
+            return f is not None and f.id.valid and bool(f.id.get_intent() & h5py.h5f.ACC_RDWR)
+        except Exception:  # noqa: BLE001 - an unreadable handle is left alone
+            return False
+
     def _disown(self) -> None:
         """In a forked child: make the inherited writable handle inert."""
         f = self._file
@@ -179,6 +198,13 @@ class FileHandle:
                 os.dup2(devnull, fd)
                 os.close(devnull)
             except Exception:  # noqa: BLE001 - best effort; the child must not crash here
+                pass
+            try:
+                # Writes go to /dev/null now. Closing releases HDF5's shared file object, which
+                # a fresh open of the same path in this child would otherwise reuse (measured:
+                # reads of zeros and missing groups through the silenced descriptor).
+                f.close()
+            except Exception:  # noqa: BLE001 - best effort, as above
                 pass
         if self._lock_fd is not None:
             # The child shares the parent's lock description: dropping our copy of the fd
@@ -208,6 +234,13 @@ class FileHandle:
         return f"<FileHandle {self.path!r} mode={self.mode!r} {state}>"
 
 
+def _is_empty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) == 0
+    except OSError:
+        return False  # absent: h5py reports it
+
+
 def _holder_path(path: str) -> str:
     return path + ".writer"
 
@@ -220,5 +253,9 @@ def _read_holder(path: str) -> str:
 
 
 def _reason(e: BaseException) -> str:
+    # h5py says "Unable to synchronously open file (file signature not found)": the
+    # parenthesised detail is the useful part.
     text = str(e)
-    return text.split("(")[0].strip().rstrip(",") or type(e).__name__
+    if "(" in text and text.rstrip().endswith(")"):
+        return text[text.index("(") + 1 : text.rstrip().rindex(")")].strip()
+    return text or type(e).__name__

@@ -58,9 +58,9 @@ ATTR_VERSION = "h5store_version"
 ABSENT = -1
 LAYOUTS = ("fixed", "ragged", "blobs")
 COMPRESSIONS = (None, "gzip", "lzf")
-_CHUNK_BYTES = 1 << 20  # ~1 MiB chunks: large sequential reads, small waste on partial chunks
+_CHUNK_BYTES = 1 << 19  # ~512 KiB chunks: large sequential reads, modest waste in small files
 _SPILL_BYTES = 32 << 20  # pending rows are written in blocks of this size
-_INDEX_CHUNK = 1 << 15
+_INDEX_CHUNK = 1 << 13
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,8 @@ class ColumnSpec:
             out.append(f"only the first axis may be variable (None), got {self.shape!r}")
         if self.layout == "fixed" and None in self.shape:
             out.append(f"a fixed layout needs a fixed shape, got {self.shape!r}")
+        if self.layout == "blobs" and (self.dtype != "uint8" or tuple(self.shape) != (None,)):
+            out.append(f"a blobs layout stores bytes: dtype 'uint8', shape (None,), got {self.dtype!r} {self.shape!r}")
         if self.layout == "ragged" and (not self.shape or self.shape[0] is not None):
             out.append(f"a ragged layout needs shape (None, ...), got {self.shape!r}")
         if self.compression not in COMPRESSIONS:
@@ -652,7 +654,7 @@ class Column:
 
 # --------------------------------------------------------------------------- groups
 IDS = "ids"
-_IDS_SPEC = ColumnSpec(dtype="uint8", shape=(None,), layout="ragged", chunk_rows=1 << 18)
+_IDS_SPEC = ColumnSpec(dtype="uint8", shape=(None,), layout="ragged", chunk_rows=1 << 16)
 
 
 class GroupStore:

@@ -82,7 +82,12 @@ class TypedFile:
 
     def __init__(self, path: str | os.PathLike[str], mode: str = "r", **options: Any) -> None:
         self._setup(str(path), mode, options)
-        self._ensure_open()
+        try:
+            self._ensure_open()
+        except BaseException:
+            # A refused file must not keep the h5py handle, nor the writer lock, of this attempt.
+            self._handle.close()
+            raise
 
     def _setup(self, path: str, mode: str, options: dict[str, Any]) -> None:
         self._handle = FileHandle(path, mode, **options)
@@ -137,13 +142,33 @@ class TypedFile:
                         )
                 elif not writable:
                     missing.append(where)
-                have[name] = feat
+                if name not in have or type(have[name]) is not type(feat):
+                    # The stored feature holds what was learned at create (a label
+                    # vocabulary); the class's own is used for features new to the file.
+                    have[name] = feat
         if missing:
             raise SchemaError(
                 f"{', '.join(missing)}: declared by {declared.name} but not in the file; "
                 "open with mode='a' to add the feature"
             )
         return Schema(declared.name if declared.name != "TypedFile" else stored.name, groups)
+
+    def _learn(self, features: Mapping[str, Feature]) -> None:
+        """Replace root features by versions holding learned parameters (ingest's prepare).
+
+        Storage must not change; the new parameters are written to the file's schema.
+        """
+        self._need_writable()
+        self._ensure_open()
+        root = dict(self._schema.groups[""])
+        for name, feat in features.items():
+            old = root.get(name)
+            if old is not None and old.spec() != feat.spec():
+                raise SchemaError(f"{self.path}:/{name}: prepare() changed how the feature is stored")
+            root[name] = feat
+        self._schema = Schema(self._schema.name, {**self._schema.groups, "": root})
+        self._groups.pop("", None)
+        init_root(self._handle.file, self._schema.to_dict(), _version())
 
     # -- pickling: the recipe ------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -261,6 +286,21 @@ class TypedFile:
         if not self.writable:
             raise ReadOnlyError(f"{self.path}: file is open read-only (mode 'r'); reopen with mode 'a'")
 
+    def describe(self) -> list[dict[str, Any]]:
+        """Per group and feature: items, dtype, item shape, length percentiles, bytes on disk,
+        compression ratio. Reads index tables and metadata only.
+
+        Examples
+        --------
+        >>> for row in f.describe():  # doctest: +SKIP
+        ...     print(row["group"], row["feature"], row["items"], row["lengths"])
+        """
+        out = []
+        for g in self.file_schema.groups:
+            for row in self.group(g).describe():
+                out.append({"group": g, **row})
+        return out
+
     # -- lifecycle -----------------------------------------------------------
     def flush(self) -> None:
         """Write everything pending; afterwards ids, index and data agree on disk."""
@@ -294,6 +334,13 @@ class TypedFile:
         from h5store.ingest import create
 
         return create(cls, path, sources, **kwargs)
+
+    @classmethod
+    def merge(cls, shards: Sequence[str | os.PathLike[str]], path: str | os.PathLike[str], **kwargs: Any) -> TypedFile:
+        """Merge complete files (shards) into one; see :func:`h5store.ingest.merge`."""
+        from h5store.ingest import merge
+
+        return merge(cls, shards, path, **kwargs)
 
     def serve(self, batch: Mapping[str, Any], **loader_kwargs: Any) -> Any:
         """A PyTorch DataLoader over this file; see :func:`h5store.serving.serve`."""

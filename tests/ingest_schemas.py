@@ -1,0 +1,57 @@
+"""Schemas for the ingest tests; importable by joblib and Dask worker processes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+import h5store as h5s
+
+
+class Numbers(h5s.Feature):
+    """Whitespace-separated numbers in a .txt file; 'crash' kills the worker, 'sleep' is slow."""
+
+    type_name = "tests.Numbers"
+    dtype: str = "float32"
+    shape: tuple = (None,)
+    pattern: str = r"(?i)\.txt$"
+    finite: bool = True
+    delay: float = 0.0
+
+    def load(self, source):
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+        if text.startswith("crash"):
+            os._exit(3)
+        if text.startswith("boom"):
+            raise RuntimeError("boom: this source is bad")
+        if self.delay:
+            time.sleep(self.delay)
+        return np.array([float(x) for x in text.split()], dtype="float64")
+
+
+class Speaker(h5s.Feature):
+    """The manifest's `speaker` column (Source.meta) as utf-8 text."""
+
+    type_name = "tests.Speaker"
+    dtype: str = "uint8"
+    shape: tuple = (None,)
+    pattern: str = r"(?i)\.txt$"
+
+    def load(self, source):
+        return np.frombuffer(source.meta["speaker"].encode("utf-8"), np.uint8)
+
+
+class Nums(h5s.TypedFile):
+    nums = Numbers()
+
+
+class SlowNums(h5s.TypedFile):
+    nums = Numbers(delay=0.05)
+
+
+class WithSpeaker(h5s.TypedFile):
+    nums = Numbers()
+    speaker = Speaker()
