@@ -94,9 +94,8 @@ def _cmd_create(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from h5store.ingest import stored_failures
-
     import h5store
+    from h5store.ingest import stored_failures
 
     with h5store.open(args.file) as f:
         schema = f.file_schema

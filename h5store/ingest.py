@@ -154,6 +154,7 @@ def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source],
     list mixing these and plain paths.
     """
     items: list[tuple[str, dict[str, str]]] = []
+    dirs: set[str] = set()
     roots: list[str] = []
     for s in [sources] if isinstance(sources, (str, os.PathLike)) else list(sources):
         s = os.fspath(s)
@@ -164,6 +165,7 @@ def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source],
                 dirnames.sort()
                 for name in dirnames:
                     items.append((os.path.join(dirpath, name), {}))
+                    dirs.add(items[-1][0])
                 for name in sorted(filenames):
                     items.append((os.path.join(dirpath, name), {}))
         elif _is_glob(s):
@@ -181,7 +183,7 @@ def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source],
             parents = [os.path.dirname(p) for p, _ in items] or [os.getcwd()]
             root = os.path.commonpath(parents)
     root = os.path.abspath(root)
-    out = [Source(p, id=source_id(p, root), root=root, meta=m) for p, m in items]
+    out = [Source(p, id=source_id(p, root), root=root, meta=m, is_dir=p in dirs or os.path.isdir(p)) for p, m in items]
     out.sort(key=lambda s: (s.id, str(s)))
     return out, root
 

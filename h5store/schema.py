@@ -73,6 +73,9 @@ class Source(str):
         The folder ids are relative to (the common root of the sources).
     meta : dict
         The other columns of the manifest row that listed this source (empty otherwise).
+    is_dir : bool
+        The source is a folder (e.g. a video's frames); only features that override
+        :meth:`Feature.accepts` to take folders see it.
 
     Examples
     --------
@@ -84,16 +87,19 @@ class Source(str):
     id: str
     root: str
     meta: Mapping[str, str]
+    is_dir: bool
 
-    def __new__(cls, path: str, id: str = "", root: str = "", meta: Mapping[str, str] | None = None) -> Source:
+    def __new__(cls, path: str, id: str = "", root: str = "", meta: Mapping[str, str] | None = None,
+                is_dir: bool = False) -> Source:
         self = super().__new__(cls, path)
         self.id = id
         self.root = root
         self.meta = dict(meta or {})
+        self.is_dir = is_dir
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Source, (str(self), self.id, self.root, dict(self.meta)))
+        return (Source, (str(self), self.id, self.root, dict(self.meta), self.is_dir))
 
     def __repr__(self) -> str:
         return f"Source({str(self)!r}, id={self.id!r})"
@@ -220,7 +226,10 @@ class Feature:
 
     # -- sources -------------------------------------------------------------
     def accepts(self, source: str) -> bool:
-        """Whether ``create`` should call :meth:`load` on ``source``."""
+        """Whether ``create`` should call :meth:`load` on ``source``: ``pattern`` matches and
+        it is a file (features that load folders override this)."""
+        if getattr(source, "is_dir", False):
+            return False
         return self.pattern is not None and re.search(self.pattern, str(source)) is not None
 
     def prepare(self, sources: list[Source], existing: Feature | None = None) -> Feature:
@@ -248,7 +257,12 @@ class Feature:
         """
         spec = self.spec()
         if spec.layout == "blobs":
-            return [bytes(memoryview(b)) if not isinstance(b, bytes) else b for b in value]
+            if isinstance(value, (str, bytes, bytearray, memoryview, np.ndarray)) or not hasattr(value, "__iter__"):
+                raise SchemaError(f"expected a sequence of byte strings (one per blob), got {type(value).__name__}")
+            try:
+                return [b if isinstance(b, bytes) else bytes(memoryview(b)) for b in value]
+            except TypeError as e:
+                raise SchemaError(f"a blob must be bytes-like ({e})") from None
         arr = _cast(np.asarray(value), spec.np_dtype)
         shape = spec.shape
         if arr.ndim != len(shape):
