@@ -17,22 +17,49 @@ from h5store.errors import (
     SchemaError,
     SourceError,
 )
-from h5store.features import Array, Scalar, Text
+from h5store.features import (
+    MFCC,
+    Array,
+    Audio,
+    CSVColumn,
+    DirLabel,
+    EncodedFrames,
+    EncodedImage,
+    MagSpectrogram,
+    MelSpectrogram,
+    Scalar,
+    Text,
+)
 from h5store.schema import Feature, Group, Schema, Source, feature_types, register_feature
+from h5store.serving.files import concat
+from h5store.serving.getters import Frames, Getter, Item, Label, Position, Window
 from h5store.typed_file import TypedFile, open
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Array",
+    "Audio",
+    "CSVColumn",
     "CorruptRecordError",
+    "DirLabel",
     "DuplicateIdError",
+    "EncodedFrames",
+    "EncodedImage",
     "Feature",
     "FormatError",
+    "Frames",
+    "Getter",
     "Group",
     "H5StoreError",
+    "Item",
+    "Label",
     "LockedError",
+    "MFCC",
+    "MagSpectrogram",
+    "MelSpectrogram",
     "NotFound",
+    "Position",
     "ReadOnlyError",
     "Scalar",
     "Schema",
@@ -41,7 +68,9 @@ __all__ = [
     "SourceError",
     "Text",
     "TypedFile",
+    "Window",
     "__version__",
+    "concat",
     "feature_types",
     "open",
     "register_feature",

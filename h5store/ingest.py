@@ -359,13 +359,15 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
             _copy_file(path, partial)
     existing = _open_existing(cls, partial)
 
-    # Which features load which source; drop ids already stored.
+    # Which features load which source; drop ids already stored. Content features create
+    # ids; annotations (labels, CSV columns) only add to them, unless nothing else loads.
     have = existing
+    content = {n for n, f in declared.items() if not f.annotation} or set(declared)
     work: list[tuple[Source, list[str]]] = []
     seen: dict[str, Source] = {}
     for s in all_sources:
         names = [n for n, f in declared.items() if f.accepts(s)]
-        if not names:
+        if not content.intersection(names):
             continue
         report.n_sources += 1
         if s.id in seen:

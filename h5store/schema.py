@@ -102,7 +102,8 @@ class Source(str):
         return (Source, (str(self), self.id, self.root, dict(self.meta), self.is_dir))
 
     def __repr__(self) -> str:
-        return f"Source({str(self)!r}, id={self.id!r})"
+        # Libraries put repr(path) in their messages (soundfile does): keep those clean.
+        return repr(str(self))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -148,6 +149,11 @@ class Feature:
     """
 
     type_name: ClassVar[str] = "h5store.Feature"
+    #: An annotation (a label, a CSV column) only adds to ids that a content feature creates
+    #: during ``create``: a stray ``metadata.csv`` matching a label's pattern makes no id.
+    annotation: ClassVar[bool] = False
+    #: Folders are sources only for features that say so (a video as a folder of frames).
+    takes_dirs: ClassVar[bool] = False
 
     dtype: str = "float32"
     shape: tuple[int | None, ...] = (None,)
@@ -164,16 +170,19 @@ class Feature:
         super().__init_subclass__(**kwargs)
         if "type_name" not in cls.__dict__:
             cls.type_name = f"{cls.__module__}.{cls.__qualname__}"
-        dataclass(frozen=True, kw_only=True, eq=False)(cls)
+        dataclass(frozen=True, kw_only=True, eq=False, repr=False)(cls)
         register_feature(cls)
 
     def __post_init__(self) -> None:
         if isinstance(self.shape, list):
             object.__setattr__(self, "shape", tuple(self.shape))
         try:
-            object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+            dt = np.dtype(self.dtype)
         except TypeError:
-            pass  # reported by problems() when the class is defined
+            return  # reported by problems() when the class is defined
+        if dt.kind in "biufc":
+            # Only numeric names round-trip: np.dtype("U8").name is "str256", which numpy can't parse.
+            object.__setattr__(self, "dtype", dt.name)
 
     # -- declaration ---------------------------------------------------------
     def problems(self) -> list[str]:
@@ -228,7 +237,7 @@ class Feature:
     def accepts(self, source: str) -> bool:
         """Whether ``create`` should call :meth:`load` on ``source``: ``pattern`` matches and
         it is a file (features that load folders override this)."""
-        if getattr(source, "is_dir", False):
+        if getattr(source, "is_dir", False) and not self.takes_dirs:
             return False
         return self.pattern is not None and re.search(self.pattern, str(source)) is not None
 

@@ -133,3 +133,23 @@ def test_cli_errors_are_one_line_and_nonzero(tmp_path, args, words):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("h5store: error:") and words in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+class Labelled(h5s.TypedFile):
+    mel = h5s.MelSpectrogram(sr=SR, n_fft=512, hop_length=128, n_mels=20)
+    label = h5s.DirLabel()  # default pattern: any file
+    text = h5s.CSVColumn("metadata.csv", column=1)
+
+
+def test_annotations_only_add_to_ids_that_content_features_create(tmp_path):
+    ids = write_wavs(tmp_path / "src", n=4)
+    rows = [f"{i.split('/')[-1]}|text of {i}|norm" for i in ids]
+    (tmp_path / "src" / "metadata.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (tmp_path / "src" / "tone" / "notes.txt").write_text("a stray file the label pattern matches")
+    with Labelled.create(tmp_path / "l.h5", tmp_path / "src", n_workers=1, progress=False) as f:
+        assert sorted(f.ids) == sorted(ids)  # no "metadata", no "tone/notes", no folder ids
+        assert f.report.ok
+        for i in ids:
+            assert f.text[i] == f"text of {i}"
+        classes = f.features["label"].classes
+        assert sorted(classes) == ["noise", "tone"]
