@@ -1,0 +1,75 @@
+"""Serving: h5store files to PyTorch DataLoaders (and, through the same engine, to numpy loops).
+
+``import h5store`` imports this package for the getters (``h5s.Item``...) and
+:func:`concat`: nothing here imports torch until :func:`serve` is called.
+
+Module map::
+
+    getters.py   Getter base class; Item, Window, Frames, Label, Position
+    files.py     FileSet (batched reads over one or many files), MultiFile, concat
+    dataset.py   FileDataset: __getitems__ / fetch, one planned read per feature per batch
+    collate.py   padding, lengths and masks; numpy -> torch
+    samplers.py  BatchSampler, BucketBatchSampler: epochs, ranks, resumable state
+    shared.py    SharedParams and SharedArray in /dev/shm (no Manager, no copies)
+    loader.py    serve() and Loader (imports torch)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from h5store.serving.collate import Batch, pad, pad_collate, pad_collate_numpy, to_torch
+from h5store.serving.dataset import FileDataset
+from h5store.serving.files import FileSet, MultiFile, concat
+from h5store.serving.getters import Frames, Getter, Item, Label, Padded, Position, Request, Window
+from h5store.serving.samplers import BatchSampler, BucketBatchSampler, EpochIndices
+from h5store.serving.shared import SharedArray, SharedParams
+
+__all__ = [
+    "Batch",
+    "BatchSampler",
+    "BucketBatchSampler",
+    "EpochIndices",
+    "FileDataset",
+    "FileSet",
+    "Frames",
+    "Getter",
+    "Item",
+    "Label",
+    "MultiFile",
+    "Padded",
+    "Position",
+    "Request",
+    "SharedArray",
+    "SharedParams",
+    "Window",
+    "concat",
+    "pad",
+    "pad_collate",
+    "pad_collate_numpy",
+    "serve",
+    "to_torch",
+]
+
+
+def serve(file: Any, batch: Mapping[str, Getter], **kwargs: Any) -> Any:
+    """A PyTorch DataLoader over ``file``; see :func:`h5store.serving.loader.serve` for the options.
+
+    Examples
+    --------
+    >>> import h5store as h5s
+    >>> loader = h5s.serving.serve(f, dict(x=h5s.Item("mel")), batch_size=16, num_workers=2)  # doctest: +SKIP
+    """
+    from h5store.serving.loader import serve as _serve
+
+    return _serve(file, batch, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # torch-using names, imported on first use.
+    if name in ("Loader", "RingBatch", "SharedBatches"):
+        from h5store.serving import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module 'h5store.serving' has no attribute {name!r}")

@@ -1,0 +1,289 @@
+"""FileDataset: a map-style dataset over h5store files that reads whole batches at once.
+
+It is torch-free (numpy in, numpy out) so the same engine can feed PyTorch, tf.data and
+numpy/JAX loops. PyTorch's fetcher (torch >= 2.1) calls :meth:`FileDataset.__getitems__`
+with the batch's indices: every getter then does one planned read per feature for the
+batch, and the result comes back already collated (padded, with lengths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from h5store.errors import SchemaError
+from h5store.serving.collate import Batch, lengths_mask, pad_collate_numpy, to_torch
+from h5store.serving.files import FileSet, split_name
+from h5store.serving.getters import Getter, Item, Padded, Request
+from h5store.serving.shared import _EPOCH, SharedParams
+
+__all__ = ["FileDataset"]
+
+_I64 = np.int64
+
+
+class FileDataset:
+    """Examples drawn from one h5store file (or a :func:`~h5store.concat` of files).
+
+    Parameters
+    ----------
+    file : TypedFile or MultiFile
+        What to serve. The dataset keeps a read-only copy that reopens lazily in every
+        process (DataLoader workers under fork, spawn and forkserver).
+    batch : dict
+        Key -> :class:`~h5store.serving.getters.Getter`: what each example is made of.
+        All getters read features of one group.
+    params : dict or SharedParams, optional
+        Shared parameters (int, float or bool) that getters may name (``Window("mel",
+        "crop")``). ``dataset.params.crop = 128`` in the main process reaches every
+        worker from the next batch it fetches.
+    seed : int
+        Seed of the random crops (shuffling is the sampler's).
+    mask : bool
+        Also return ``{key}_mask`` (bool, True on real rows) for padded values.
+    in_memory : bool or list of str
+        Copy the data of the served features (True) or of the named ones into shared
+        memory once, in this process; every worker maps the same pages (one copy in RAM
+        however many workers).
+    items : array of int, optional
+        Serve only these item positions (a train/validation split), in this order.
+
+    Examples
+    --------
+    >>> import h5store as h5s
+    >>> from h5store.serving import FileDataset
+    >>> ds = FileDataset(f, dict(x=h5s.Item("mel"), y=h5s.Label("label")))  # doctest: +SKIP
+    >>> b = ds.fetch([3, 0, 7])  # numpy, collated  # doctest: +SKIP
+    >>> b["x"].shape, b["x_lengths"], b["y"]  # doctest: +SKIP
+    ((3, 412, 80), array([412, 97, 230]), array([1, 0, 4]))
+    >>> loader = torch.utils.data.DataLoader(ds, batch_size=16, collate_fn=ds.collate)  # doctest: +SKIP
+    """
+
+    def __init__(self, file: Any, batch: Mapping[str, Getter], *, params: Mapping[str, Any] | SharedParams | None = None,
+                 seed: int = 0, mask: bool = False, in_memory: bool | Sequence[str] = False,
+                 items: Sequence[int] | np.ndarray | None = None) -> None:
+        if not isinstance(batch, Mapping) or not batch:
+            raise TypeError(f"batch must be a non-empty dict of key -> getter (h5s.Item, h5s.Window...), got {batch!r}")
+        for key, g in batch.items():
+            if not isinstance(g, Getter):
+                raise TypeError(f"batch[{key!r}] must be a getter (h5s.Item('mel'), h5s.Window(...)), got {g!r}")
+        self.getters: dict[str, Getter] = dict(batch)
+        self._check_keys()
+        group = self._group()
+        self.files = FileSet(file, group)
+        for g in self.getters.values():
+            g.check(self.files)
+        self.params = params if isinstance(params, SharedParams) else SharedParams(dict(params or {}))
+        self.seed = int(seed)
+        self.mask = bool(mask)
+        self.features = sorted({split_name(n)[1] for g in self.getters.values() for n in g.features})
+        self._build_examples(items)
+        if in_memory:
+            names = self.features if in_memory is True else [split_name(n)[1] for n in in_memory]  # type: ignore[union-attr]
+            for name in names:
+                self.files.feature(name)
+                self.files.load_shared(name)
+
+    # -- construction ------------------------------------------------------------
+    def _check_keys(self) -> None:
+        keys = set(self.getters)
+        for key in keys:
+            for suffix in ("_lengths", "_mask"):
+                if key.endswith(suffix) and key[: -len(suffix)] in keys:
+                    raise SchemaError(f"batch key {key!r} collides with the {suffix[1:]} of {key[:-len(suffix)]!r}")
+
+    def _group(self) -> str:
+        groups = {split_name(n)[0] for g in self.getters.values() for n in g.features}
+        if len(groups) > 1:
+            raise SchemaError(f"the getters read features of several groups {sorted(groups)}; one batch serves one group")
+        return groups.pop() if groups else ""
+
+    def _build_examples(self, items: Sequence[int] | np.ndarray | None) -> None:
+        n_items = len(self.files)
+        if items is None:
+            base = None
+        else:
+            base = np.asarray(items, dtype=_I64).reshape(-1)
+            if base.size and (base.min() < 0 or base.max() >= n_items):
+                raise IndexError(f"{self.files.where()}: items must be positions in [0, {n_items})")
+        counts = None
+        expanding = None
+        for key, g in self.getters.items():
+            c = g.counts(self.files, self.params)
+            if c is None:
+                continue
+            c = np.asarray(c, dtype=_I64)
+            if c.shape != (n_items,):
+                raise SchemaError(f"batch[{key!r}]: counts() returned shape {c.shape}, expected ({n_items},)")
+            if c.size and c.max() > 1:
+                if expanding is not None and not np.array_equal(c, expanding[1]):
+                    raise SchemaError(
+                        f"batch[{expanding[0]!r}] and batch[{key!r}] both split items into several examples, "
+                        "differently; only one split per dataset"
+                    )
+                expanding = (key, c)
+            counts = c if counts is None else np.where(counts > 0, np.maximum(counts, c), 0) * (c > 0)
+        all_items = base if base is not None else np.arange(n_items, dtype=_I64)
+        if counts is not None:
+            c = counts[all_items]
+            if expanding is None:  # only filters: keep the items with one example
+                base, ends, per = all_items[c > 0], None, None
+            else:
+                keep = c > 0
+                base, per = all_items[keep], c[keep]
+                ends = np.cumsum(per)
+        else:
+            ends, per = None, None
+        self._base: np.ndarray | None = base
+        self._ends: np.ndarray | None = ends
+        self._per: np.ndarray | None = per
+        served = base if base is not None else np.arange(n_items, dtype=_I64)
+        self.files.check_present(self.features, served)
+
+    # -- size and lookup ---------------------------------------------------------------
+    def __len__(self) -> int:
+        if self._ends is not None:
+            return int(self._ends[-1]) if len(self._ends) else 0
+        return len(self._base) if self._base is not None else len(self.files)
+
+    def locate(self, indices: Iterable[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(items, subs)`` of dataset indices: each example's item position and its number within the item."""
+        idx = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices), dtype=_I64).reshape(-1)
+        n = len(self)
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            bad = int(idx[np.argmax((idx < -n) | (idx >= n))])
+            raise IndexError(f"{self.files.where()}: example {bad} out of range for a dataset of {n}")
+        if idx.size and idx.min() < 0:
+            idx = np.where(idx < 0, idx + n, idx)
+        if self._ends is None:
+            items = idx if self._base is None else self._base[idx]
+            return items, np.zeros(len(idx), _I64)
+        assert self._per is not None and self._base is not None
+        j = np.searchsorted(self._ends, idx, side="right")
+        subs = idx - (self._ends[j] - self._per[j])
+        return self._base[j], subs
+
+    def example_items(self) -> np.ndarray:
+        """Item position of every example, in dataset order."""
+        if self._ends is not None:
+            assert self._base is not None and self._per is not None
+            return np.repeat(self._base, self._per)
+        return self._base if self._base is not None else np.arange(len(self.files), dtype=_I64)
+
+    def lengths(self, key: str | None = None) -> np.ndarray:
+        """Length (rows) of every example's value for ``key``: what length-bucketing sorts by.
+
+        ``key`` defaults to the first :class:`~h5store.serving.getters.Item` of a
+        variable-length feature.
+        """
+        if key is None:
+            key = next((k for k, g in self.getters.items() if isinstance(g, Item)
+                        and self.files.spec(split_name(g.feature)[1]).layout != "fixed"), None)
+            if key is None:
+                raise SchemaError("no variable-length Item in the batch to take lengths from; name a key")
+        g = self.getters[key]
+        if not g.features:
+            raise SchemaError(f"batch[{key!r}] reads no feature: it has no lengths")
+        return self.files.lengths(split_name(g.features[0])[1])[self.example_items()]
+
+    # -- epochs and parameters ---------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch used by batches whose indices do not carry their own (see :meth:`set_epoch`)."""
+        return int(self.params[_EPOCH])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of random crops, in every worker (shared memory).
+
+        The samplers of :func:`~h5store.serving.serve` send the epoch with each batch's
+        indices, which takes precedence; this is for samplers of your own.
+        """
+        self.params._write(_EPOCH, int(epoch))
+
+    # -- reading -----------------------------------------------------------------------
+    def fetch(self, indices: Iterable[int] | np.ndarray, epoch: int | None = None) -> Batch:
+        """The examples at ``indices``, collated: a :class:`~h5store.serving.collate.Batch` of numpy arrays.
+
+        Padded values come with ``{key}_lengths`` (and ``{key}_mask`` when ``mask``);
+        one planned read per feature and file for the whole batch.
+
+        Examples
+        --------
+        >>> b = ds.fetch(np.arange(16))  # doctest: +SKIP
+        >>> {k: v.shape for k, v in b.items()}  # doctest: +SKIP
+        {'x': (16, 64, 80), 'y': (16,)}
+        """
+        return self._fetch(indices, epoch)[0]
+
+    def _fetch(self, indices: Iterable[int] | np.ndarray, epoch: int | None) -> tuple[Batch, set[str]]:
+        reset = getattr(self.files.alloc, "reset", None)
+        if reset is not None:
+            reset()
+        if epoch is None:
+            epoch = getattr(indices, "epoch", None)
+        if epoch is None:
+            epoch = self.epoch
+        idx = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices), dtype=_I64).reshape(-1)
+        items, subs = self.locate(idx)
+        if idx.size and idx.min() < 0:
+            idx = np.where(idx < 0, idx + len(self), idx)
+        request = Request(items, subs, idx, int(epoch), self.seed, self.params)
+        out = Batch()
+        ragged: set[str] = set()
+        for key, g in self.getters.items():
+            value = g.fetch(self.files, request)
+            if isinstance(value, Padded):
+                out[key] = value.values
+                if value.always:
+                    ragged.add(key)
+                if value.always or self.mask:
+                    out[f"{key}_lengths"] = value.lengths
+                if self.mask:
+                    out[f"{key}_mask"] = lengths_mask(value.lengths, value.values.shape[1])
+            else:
+                out[key] = value
+        return out, ragged
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        """A whole batch, collated (PyTorch's fetcher calls this with the sampler's indices)."""
+        return self.fetch(indices)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """One example: values unpadded, no batch axis."""
+        batch, ragged = self._fetch([int(index)], None)
+        out: dict[str, Any] = {}
+        for key in self.getters:
+            v = batch[key]
+            if key in ragged:
+                out[key] = v[0, : int(batch[f"{key}_lengths"][0])]
+            else:
+                out[key] = v[0]
+        return out
+
+    def collate(self, data: Any) -> Any:
+        """``collate_fn`` for a DataLoader: the batch as torch tensors (text stays a list of str).
+
+        Takes what :meth:`__getitems__` returns (already collated), a list of examples
+        from :meth:`__getitem__` (padded here), or one example (``batch_size=None``).
+        """
+        if isinstance(data, Batch):
+            pack = getattr(self.files.alloc, "pack", None)  # in serve()'s workers: one shared block
+            return pack(data) if pack is not None else to_torch(data)
+        if isinstance(data, Mapping):
+            return to_torch(data)
+        ragged = [k for k, g in self.getters.items() if isinstance(g, Item)
+                  and self.files.spec(split_name(g.feature)[1]).layout == "ragged"]
+        return to_torch(pad_collate_numpy(list(data), mask=self.mask, ragged=ragged))
+
+    def signature(self) -> dict[str, tuple[np.dtype, tuple[int | None, ...]]]:
+        """key -> (dtype, shape of one example) for each getter (``None`` for variable axes)."""
+        return {key: g.signature(self.files) for key, g in self.getters.items()}
+
+    def close(self) -> None:
+        """Close this process's file handles (they reopen on the next read)."""
+        self.files.close()
+
+    def __repr__(self) -> str:
+        return f"<FileDataset {self.files.where()}: {len(self)} examples, batch {self.getters}>"

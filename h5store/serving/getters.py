@@ -1,0 +1,520 @@
+"""Getters: what each entry of a served batch is made of.
+
+A batch is declared as a dict of getters, ``dict(x=h5s.Window("mel", 64), y=h5s.Label("label"))``.
+A getter reads a whole batch at once: it receives the items' positions (numpy) and
+returns one numpy array for the batch (or a :class:`Padded` array with lengths, or a
+list for values that are not arrays, such as text). No torch here: the same getters feed
+PyTorch, tf.data and plain numpy loops.
+
+Subclass :class:`Getter` for your own::
+
+    class Energy(h5s.Getter):
+        def __init__(self, feature):
+            self.features = (feature,)
+        def fetch(self, files, request):
+            mel = h5s.Item(self.features[0]).fetch(files, request)
+            return (mel.values ** 2).sum(axis=(1, 2))
+        def signature(self, files):
+            return np.dtype("float32"), ()
+
+Random crops are reproducible: a :class:`Window`'s offset is a hash (splitmix64) of
+``(seed, epoch, example index)``, computed for the whole batch with numpy.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from h5store.errors import SchemaError
+from h5store.layout import count_windows
+
+if TYPE_CHECKING:
+    from h5store.serving.files import FileSet
+
+__all__ = ["Frames", "Getter", "Item", "Label", "Padded", "Position", "Request", "Window", "mix64"]
+
+_I64 = np.int64
+_U64 = np.uint64
+
+
+class Padded(NamedTuple):
+    """A batch of variable-length values, zero-padded along axis 1, with their lengths.
+
+    ``always`` says whether the ``{key}_lengths`` entry is part of every batch (True for
+    whole variable-length items) or only with ``mask=True`` (fixed-size windows).
+    """
+
+    values: np.ndarray
+    lengths: np.ndarray
+    always: bool = True
+
+
+class Request:
+    """What a getter is asked for: one batch of examples.
+
+    Attributes
+    ----------
+    items : (B,) int64
+        Position of each example's item in the served files (global across
+        :func:`~h5store.concat`'d files).
+    subs : (B,) int64
+        Which example of its item each one is, for getters that make several examples
+        of one item (:class:`Frames`); zeros otherwise.
+    indices : (B,) int64
+        The examples' dataset indices (what the sampler drew).
+    epoch : int
+        The epoch the batch belongs to (reshuffles random crops).
+    seed : int
+        The dataset's seed.
+    params : mapping
+        The shared parameters (:class:`~h5store.serving.shared.SharedParams`).
+    """
+
+    __slots__ = ("epoch", "indices", "items", "params", "seed", "subs")
+
+    def __init__(self, items: np.ndarray, subs: np.ndarray, indices: np.ndarray, epoch: int, seed: int,
+                 params: Mapping[str, Any]) -> None:
+        self.items = items
+        self.subs = subs
+        self.indices = indices
+        self.epoch = epoch
+        self.seed = seed
+        self.params = params
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class Getter(ABC):
+    """Base class of batch entries. Subclass it to serve something of your own.
+
+    Set ``features`` (the names read; ``"group/name"`` for a feature of a group) and
+    define :meth:`fetch`. Override :meth:`counts` to change how many examples an item
+    makes (0 drops it, 3 makes three), :meth:`check` to validate against the file when
+    the dataset is made, and :meth:`signature` to describe one example (tf.data needs it).
+
+    Examples
+    --------
+    >>> import h5store as h5s, numpy as np
+    >>> class Ones(h5s.Getter):
+    ...     features = ()
+    ...     def fetch(self, files, request):
+    ...         return np.ones(len(request), dtype="float32")
+    ...     def signature(self, files):
+    ...         return np.dtype("float32"), ()
+    """
+
+    features: tuple[str, ...] = ()
+
+    def check(self, files: FileSet) -> None:
+        """Raise :class:`~h5store.errors.SchemaError` when this getter cannot read ``files``."""
+        for name in self.features:
+            files.feature(_name(name))
+
+    def counts(self, files: FileSet, params: Mapping[str, Any]) -> np.ndarray | None:
+        """Examples per item (int64, one entry per item), or None for one each."""
+        return None
+
+    @abstractmethod
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        """The batch's values: an array with the batch on axis 0, a :class:`Padded`, or a list."""
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        """dtype and shape of one example (``None`` for a variable axis; dtype object for str)."""
+        raise SchemaError(f"{type(self).__name__} does not describe its output: define signature()")
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k != "features")
+        return f"{type(self).__name__}({args})"
+
+
+def _name(ref: str) -> str:
+    # Getters name a feature as "mel" or "group/mel"; FileSet serves one group.
+    return ref.rpartition("/")[2]
+
+
+# --------------------------------------------------------------------------- hashing
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+_M1 = _U64(0xBF58476D1CE4E5B9)
+_M2 = _U64(0x94D049BB133111EB)
+
+
+def mix64(*parts: np.ndarray | int) -> np.ndarray:
+    """splitmix64 over the parts, element-wise: a well-mixed uint64 per element.
+
+    Used for reproducible per-example randomness without a Generator per example.
+
+    Examples
+    --------
+    >>> a = mix64(0, 1, np.arange(3))
+    >>> a.dtype, (a == mix64(0, 1, np.arange(3))).all(), len(set(a.tolist()))
+    (dtype('uint64'), np.True_, 3)
+    """
+    h = np.zeros(1, dtype=_U64)
+    for p in parts:
+        x = np.asarray(p).astype(_U64, copy=False) if np.ndim(p) else np.array([int(p) & (2**64 - 1)], dtype=_U64)
+        z = (h ^ x) + _GOLDEN
+        z = (z ^ (z >> _U64(30))) * _M1
+        z = (z ^ (z >> _U64(27))) * _M2
+        h = z ^ (z >> _U64(31))
+    return h
+
+
+def _resolve(length: int | str, params: Mapping[str, Any], who: str) -> int:
+    if isinstance(length, str):
+        try:
+            value = params[length]
+        except KeyError:
+            raise SchemaError(f"{who}: no shared parameter {length!r}; pass params=dict({length}=...)") from None
+    else:
+        value = length
+    if isinstance(value, bool) or int(value) != value or int(value) <= 0:
+        raise SchemaError(f"{who}: length must be an int > 0, got {value!r}")
+    return int(value)
+
+
+def _ragged(files: FileSet, name: str, who: str) -> None:
+    spec = files.spec(name)
+    if spec.layout == "fixed":
+        raise SchemaError(f"{who}: {files.where(name)} has fixed-shape items {spec.shape}; windows need a variable first axis")
+
+
+def _decode_many(files: FileSet, name: str, raws: list[Any]) -> list[Any]:
+    feat = files.feature(name)
+    return [feat.decode(r) for r in raws]
+
+
+def _collate_values(values: list[Any], alloc: Any) -> tuple[np.ndarray | list[Any], np.ndarray | None]:
+    """Stack equal-shaped arrays; zero-pad differing ones on every axis (lengths of axis 0)."""
+    numeric = (np.ndarray, np.generic, int, float)  # bool is an int
+    if not values or not all(isinstance(v, numeric) for v in values):
+        return list(values), None
+    arrays = [np.asarray(v) for v in values]
+    shape0 = arrays[0].shape
+    lengths = np.array([a.shape[0] if a.ndim else 1 for a in arrays], dtype=_I64)
+    dtype = np.result_type(*{a.dtype for a in arrays})
+    if all(a.shape == shape0 for a in arrays):
+        out = alloc((len(arrays), *shape0), dtype)
+        for j, a in enumerate(arrays):
+            out[j] = a
+        return out, lengths
+    if len({a.ndim for a in arrays}) != 1:
+        raise SchemaError(f"decoded items differ in number of dimensions: {sorted({a.shape for a in arrays})}")
+    big = tuple(max(s) for s in zip(*(a.shape for a in arrays)))
+    out = alloc((len(arrays), *big), dtype)
+    out[...] = 0
+    for j, a in enumerate(arrays):
+        out[(j, *(slice(0, d) for d in a.shape))] = a
+    return out, lengths
+
+
+def _decoded_signature(files: FileSet, name: str, variable: bool) -> tuple[np.dtype, tuple[int | None, ...]]:
+    present = np.flatnonzero(files.present(name))
+    if not present.size:
+        raise SchemaError(f"{files.where(name)}: no item to learn the decoded shape from")
+    value = _decode_many(files, name, files.read_items(name, present[:1]))[0]
+    if not isinstance(value, (np.ndarray, np.generic, int, float)):
+        return np.dtype(object), ()
+    value = np.asarray(value)
+    shape: tuple[int | None, ...] = value.shape
+    if variable and value.ndim:
+        shape = (None, *value.shape[1:])
+    return value.dtype, shape
+
+
+# --------------------------------------------------------------------------- getters
+class Item(Getter):
+    """The whole item of a feature.
+
+    Variable-length items are zero-padded to the longest in the batch and come with
+    ``{key}_lengths`` (int64); fixed shapes are stacked; scalars give a ``(B,)`` array;
+    :class:`~h5store.Text` gives a list of str. Features with their own ``decode``
+    (encoded images, video frames) are decoded item by item, then stacked (or padded on
+    every axis when shapes differ).
+
+    Parameters
+    ----------
+    feature : str
+        The feature (``"group/name"`` for one of a group).
+    lengths : bool or None
+        Return ``{key}_lengths`` with the values. Default: for stored variable-length
+        items that are not decoded.
+
+    Examples
+    --------
+    >>> batch = dict(x=h5s.Item("mel"), text=h5s.Item("text"))  # doctest: +SKIP
+    >>> # -> x (B, Tmax, 80) float32, x_lengths (B,) int64, text: list of str
+    """
+
+    def __init__(self, feature: str, lengths: bool | None = None) -> None:
+        self.feature = feature
+        self.lengths = lengths
+        self.features = (feature,)
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        name = _name(self.feature)
+        items = request.items
+        spec = files.spec(name)
+        if files.decoded(name):
+            values, lengths = _collate_values(_decode_many(files, name, files.read_items(name, items)), files.alloc)
+            if self.lengths and lengths is not None and isinstance(values, np.ndarray):
+                return Padded(values, lengths)
+            return values
+        if spec.layout == "fixed":
+            return files.read_fixed(name, items)
+        if spec.layout == "blobs":
+            return files.read_items(name, items)
+        count = files.lengths(name)[items]
+        width = int(count.max()) if len(count) else 0
+        values = files.read_padded(name, items, 0, count, width)
+        return values if self.lengths is False else Padded(values, count)
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        name = _name(self.feature)
+        spec = files.spec(name)
+        if files.decoded(name) or spec.layout == "blobs":
+            return _decoded_signature(files, name, spec.layout != "fixed")
+        return spec.np_dtype, tuple(spec.shape)
+
+
+class Window(Getter):
+    """A fixed-length crop of each item: ``length`` rows from a random (or fixed) offset.
+
+    Parameters
+    ----------
+    feature : str
+        A feature with a variable first axis.
+    length : int or str
+        Rows per window, or the name of a shared parameter holding it (changed during
+        training with ``dataset.params.<name> = ...``).
+    random : bool
+        Random offsets, reproducible from ``(seed, epoch, example index)``: the same seed
+        and epoch give the same crops, another epoch others. Two windows of the same length
+        over features of equal lengths (mel and mag) get the same offsets, so they stay
+        aligned. ``random=False`` starts at row 0, or with ``hop`` at ``hop * (epoch mod
+        positions)``, sweeping each item over the epochs.
+    hop : int or None
+        Offsets are multiples of ``hop`` (default 1).
+    pad : {"zero", "skip"}
+        Items shorter than ``length`` are zero-padded ("zero"; ``mask=True`` then returns
+        ``{key}_mask`` and ``{key}_lengths``), or left out of the dataset ("skip", decided
+        once with the length the dataset is made with).
+
+    Examples
+    --------
+    >>> batch = dict(x=h5s.Window("mel", 64), y=h5s.Window("mag", 64))  # aligned crops  # doctest: +SKIP
+    >>> ds = FileDataset(f, dict(x=h5s.Window("mel", "crop")), params=dict(crop=64))  # doctest: +SKIP
+    >>> ds.params.crop = 128  # every worker crops 128 rows from its next batch  # doctest: +SKIP
+    """
+
+    def __init__(self, feature: str, length: int | str, random: bool = True, hop: int | None = None,
+                 pad: str = "zero") -> None:
+        if pad not in ("zero", "skip"):
+            raise ValueError(f"Window({feature!r}): pad must be 'zero' or 'skip', got {pad!r}")
+        if not isinstance(length, str) and (isinstance(length, bool) or int(length) <= 0):
+            raise ValueError(f"Window({feature!r}): length must be > 0 or a parameter name, got {length!r}")
+        if hop is not None and int(hop) <= 0:
+            raise ValueError(f"Window({feature!r}): hop must be > 0, got {hop!r}")
+        self.feature = feature
+        self.length = length if isinstance(length, str) else int(length)
+        self.random = random
+        self.hop = None if hop is None else int(hop)
+        self.pad = pad
+        self.features = (feature,)
+
+    def check(self, files: FileSet) -> None:
+        super().check(files)
+        _ragged(files, _name(self.feature), repr(self))
+
+    def counts(self, files: FileSet, params: Mapping[str, Any]) -> np.ndarray | None:
+        if self.pad != "skip":
+            return None
+        length = _resolve(self.length, params, repr(self))
+        return (files.lengths(_name(self.feature)) >= length).astype(_I64)
+
+    def offsets(self, lengths: np.ndarray, length: int, request: Request) -> np.ndarray:
+        """First row of each window, for items of ``lengths`` rows."""
+        hop = self.hop or 1
+        room = lengths - length
+        positions = np.where(room > 0, room // hop + 1, 1)
+        if self.random:
+            h = mix64(request.seed, request.epoch, request.indices)
+            pick = (h % positions.astype(_U64)).astype(_I64)
+        elif self.hop:
+            pick = request.epoch % positions
+        else:
+            return np.zeros(len(lengths), _I64)
+        return pick * hop
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        name = _name(self.feature)
+        length = _resolve(self.length, request.params, repr(self))
+        lengths = files.lengths(name)[request.items]
+        first = self.offsets(lengths, length, request)
+        count = np.clip(lengths - first, 0, length)
+        if files.spec(name).layout == "blobs":
+            raws = files.read_blobs(name, request.items, first, count)
+            return _decoded_window(files, name, raws, count, length)
+        values = files.read_padded(name, request.items, first, count, length)
+        if files.decoded(name):
+            raws = [values[j, :c] for j, c in enumerate(count.tolist())]
+            return _decoded_window(files, name, raws, count, length)
+        return Padded(values, count, always=False)
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        name = _name(self.feature)
+        spec = files.spec(name)
+        length = self.length if isinstance(self.length, int) else None
+        if files.decoded(name) or spec.layout == "blobs":
+            dtype, shape = _decoded_signature(files, name, True)
+            return dtype, (length, *shape[1:])
+        return spec.np_dtype, (length, *spec.inner)
+
+
+def _decoded_window(files: FileSet, name: str, raws: list[Any], count: np.ndarray, length: int) -> Padded:
+    feat = files.feature(name)
+    blob = getattr(feat, "decode_blob", None)
+    if files.spec(name).layout == "blobs" and callable(blob):
+        values = [np.stack([blob(b) for b in r]) if len(r) else None for r in raws]
+    else:
+        values = [feat.decode(r) if len(r) else None for r in raws]
+    example = next((v for v in values if v is not None), None)
+    if example is None:
+        raise SchemaError(f"{files.where(name)}: every item of the batch is empty; nothing to window")
+    if not isinstance(example, np.ndarray) or example.dtype.kind not in "biufc":
+        raise SchemaError(f"{files.where(name)}: decodes to {type(example).__name__}, not numeric arrays; "
+                          "windows need arrays (use Item)")
+    out = files.alloc((len(values), length, *example.shape[1:]), example.dtype)
+    out[...] = 0
+    for j, v in enumerate(values):
+        if v is not None:
+            out[j, : len(v)] = v
+    return Padded(out, count, always=False)
+
+
+class Frames(Getter):
+    """Every window of every item as its own example (the dataset grows to the window count).
+
+    Windows of ``length`` rows start every ``hop`` rows; only whole windows are served
+    (an item shorter than ``length`` makes none). Other getters of the batch read the item
+    each window comes from.
+
+    Examples
+    --------
+    >>> ds = FileDataset(f, dict(x=h5s.Frames("mel", 64, hop=32), y=h5s.Label("label")))  # doctest: +SKIP
+    >>> len(ds) == h5store.layout.count_windows(f.mel.lengths, 64, 32).sum()  # doctest: +SKIP
+    True
+    """
+
+    def __init__(self, feature: str, length: int, hop: int | None = None) -> None:
+        if isinstance(length, bool) or int(length) <= 0:
+            raise ValueError(f"Frames({feature!r}): length must be an int > 0, got {length!r}")
+        if hop is not None and int(hop) <= 0:
+            raise ValueError(f"Frames({feature!r}): hop must be > 0, got {hop!r}")
+        self.feature = feature
+        self.length = int(length)
+        self.hop = int(hop) if hop is not None else int(length)
+        self.features = (feature,)
+
+    def check(self, files: FileSet) -> None:
+        super().check(files)
+        _ragged(files, _name(self.feature), repr(self))
+
+    def counts(self, files: FileSet, params: Mapping[str, Any]) -> np.ndarray | None:
+        return count_windows(files.lengths(_name(self.feature)), self.length, self.hop)
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        name = _name(self.feature)
+        first = request.subs * self.hop
+        count = np.full(len(request), self.length, dtype=_I64)
+        if files.spec(name).layout == "blobs":
+            return _decoded_window(files, name, files.read_blobs(name, request.items, first, count), count,
+                                   self.length).values
+        values = files.read_padded(name, request.items, first, count, self.length)
+        if files.decoded(name):
+            return _decoded_window(files, name, list(values), count, self.length).values
+        return values
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        name = _name(self.feature)
+        spec = files.spec(name)
+        if files.decoded(name) or spec.layout == "blobs":
+            dtype, shape = _decoded_signature(files, name, True)
+            return dtype, (self.length, *shape[1:])
+        return spec.np_dtype, (self.length, *spec.inner)
+
+
+class Label(Getter):
+    """A scalar per item as a number: int64 for integer and bool features, the stored float otherwise.
+
+    Reads the stored numbers (no decoding), so a class-label feature gives class indices.
+
+    Examples
+    --------
+    >>> batch = dict(x=h5s.Window("mel", 64), y=h5s.Label("label"))  # doctest: +SKIP
+    """
+
+    def __init__(self, feature: str) -> None:
+        self.feature = feature
+        self.features = (feature,)
+
+    def check(self, files: FileSet) -> None:
+        super().check(files)
+        spec = files.spec(_name(self.feature))
+        if spec.layout != "fixed" or int(np.prod(spec.inner, dtype=_I64)) != 1:
+            raise SchemaError(f"{self!r}: {files.where(_name(self.feature))} is not one number per item "
+                              f"(shape {spec.shape}); use Item() for arrays")
+
+    def _dtype(self, files: FileSet) -> np.dtype:
+        dt = files.spec(_name(self.feature)).np_dtype
+        return np.dtype(_I64) if dt.kind in "biu" else dt
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        values = files.read_fixed(_name(self.feature), request.items)
+        if values.ndim != 1:
+            values = values.reshape(len(request))
+        dt = self._dtype(files)
+        if values.dtype == dt:
+            return values
+        out = files.alloc(values.shape, dt)
+        out[...] = values
+        return out
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        return self._dtype(files), ()
+
+
+class Position(Getter):
+    """The position of each example's item in the served files (int64), or its dataset index.
+
+    Handy to look an example up again (``f.ids[p]``), and to check what was served.
+
+    Parameters
+    ----------
+    of : {"item", "example"}
+        The item's position in the file(s) (global across :func:`~h5store.concat`), or
+        the example's index in the dataset (what the sampler drew).
+
+    Examples
+    --------
+    >>> batch = dict(x=h5s.Item("mel"), pos=h5s.Position())  # doctest: +SKIP
+    """
+
+    def __init__(self, of: str = "item") -> None:
+        if of not in ("item", "example"):
+            raise ValueError(f"Position: of must be 'item' or 'example', got {of!r}")
+        self.of = of
+        self.features = ()
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        src = request.items if self.of == "item" else request.indices
+        out = files.alloc((len(src),), _I64)
+        out[...] = src
+        return out
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        return np.dtype(_I64), ()
