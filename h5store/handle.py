@@ -27,6 +27,7 @@ from typing import Any
 import h5py
 
 from h5store.errors import FormatError, LockedError
+from h5store.journal import JournaledFile, has_hot_journal, rollback
 
 __all__ = ["FileHandle", "WRITE_MODES"]
 
@@ -82,6 +83,7 @@ class FileHandle:
         self._file: h5py.File | None = None
         self._pid: int | None = None
         self._lock_fd: int | None = None
+        self._journal: JournaledFile | None = None
 
     @property
     def writable(self) -> bool:
@@ -111,21 +113,39 @@ class FileHandle:
             # Inherited across fork: never touch the parent's objects, start afresh.
             self._file = None
             self._lock_fd = None
+            self._journal = None
         mode = self.mode
-        if self.writable and self._take_lock() and mode == "a":
+        created = self.writable and self._take_lock()
+        if created and mode == "a":
             mode = "w"  # we just created the (empty) file under the lock
         if mode in ("w-", "x"):
             mode = "w"  # existence was checked before the lock created the file
-        if mode in ("r", "r+") and _is_empty(self.path):
+        if self.writable:
+            rollback(self.path)  # a hot journal left by a writer that died
+        elif has_hot_journal(self.path):
+            self._recover()
+        if mode in ("r", "r+", "a") and _is_empty(self.path):
             # HDF5 would open an empty file in "r+" as a new one: "r+" must not create.
             self._release_lock()
             raise FormatError(f"{self.path}: empty file (0 bytes), not an HDF5 file")
+        target: Any = self.path
+        if mode in ("a", "r+") or created:
+            # Writes to a committed file go through the rollback journal; so do writes to a
+            # file created here, so a crash before its first commit leaves it empty. A plain
+            # "w" on an existing file asked for truncation: it is not journaled.
+            target = self._journal = JournaledFile(self.path, fresh=created)
+            mode = "w" if created else "r+"
         try:
-            self._file = h5py.File(self.path, mode, locking=False, **self._h5_options())
+            if isinstance(target, JournaledFile):
+                self._file = h5py.File(target, mode, **self._h5_options())
+            else:
+                self._file = h5py.File(target, mode, locking=False, **self._h5_options())
         except FileNotFoundError:
+            self._drop_journal()
             self._release_lock()
             raise
         except OSError as e:
+            self._drop_journal()
             self._release_lock()
             if not os.path.exists(self.path):
                 raise FileNotFoundError(f"{self.path}: no such file") from None
@@ -143,6 +163,30 @@ class FileHandle:
             opts.setdefault("libver", ("v108", "latest"))
         opts.setdefault("rdcc_nbytes", 16 * 1024 * 1024)
         return opts
+
+    def _recover(self) -> None:
+        """A reader found a hot journal: roll it back if its writer is dead."""
+        try:
+            fd = os.open(self.path, os.O_RDWR)
+        except OSError:
+            raise FormatError(
+                f"{self.path}: an interrupted write left {self.path}-journal; open the file once "
+                "with write access (mode='a') to roll it back"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return  # a live writer owns the journal: what it committed is intact
+        try:
+            rollback(self.path)
+        finally:
+            os.close(fd)
+
+    def _drop_journal(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
 
     # the one-writer lock -----------------------------------------------------
     def _take_lock(self) -> bool:
@@ -191,12 +235,15 @@ class FileHandle:
     def _disown(self) -> None:
         """In a forked child: make the inherited writable handle inert."""
         f = self._file
+        if self._journal is not None:
+            self._journal.disown()  # its writes (and commits) are no-ops in this process
         if f is not None and f.id.valid:
             try:
-                fd = f.id.get_vfd_handle()
-                devnull = os.open(os.devnull, os.O_RDWR)
-                os.dup2(devnull, fd)
-                os.close(devnull)
+                if self._journal is None:
+                    fd = f.id.get_vfd_handle()
+                    devnull = os.open(os.devnull, os.O_RDWR)
+                    os.dup2(devnull, fd)
+                    os.close(devnull)
             except Exception:  # noqa: BLE001 - best effort; the child must not crash here
                 pass
             try:
@@ -212,18 +259,28 @@ class FileHandle:
             os.close(self._lock_fd)
         self._file = None
         self._lock_fd = None
+        self._journal = None
         self._pid = None
 
     def flush(self) -> None:
+        """Commit: HDF5 flushes, the file is fsynced, the journal deleted (the commit point)."""
         if self.is_open:
             assert self._file is not None
             self._file.flush()
+            if self._journal is not None:
+                self._journal.commit()
 
     def close(self) -> None:
-        """Close this process's handle (a later access reopens it)."""
+        """Commit and close this process's handle (a later access reopens it)."""
         if self._file is not None and self._pid == os.getpid():
             if self._file.id.valid:
+                if self.writable:
+                    self.flush()
                 self._file.close()
+            if self._journal is not None:
+                self._journal.commit()  # what HDF5 wrote while closing
+                self._journal.close()
+                self._journal = None
             self._release_lock()
         self._file = None
         self._pid = None

@@ -324,8 +324,16 @@ class TypedFile:
         return out
 
     # -- lifecycle -----------------------------------------------------------
+    def commit(self) -> None:
+        """Make every record added so far durable: when this returns, a crash loses none of them.
+
+        Writes to an existing file go through a rollback journal (see ``docs/reliability.md``):
+        a kill at any moment leaves the file as of the last commit. ``close()`` commits too.
+        """
+        self.flush()
+
     def flush(self) -> None:
-        """Write everything pending; afterwards ids, index and data agree on disk."""
+        """Write everything pending and commit; afterwards ids, index and data agree on disk."""
         if self.writable and self._pid == os.getpid():
             for view in self._groups.values():
                 view.store.flush()
@@ -369,6 +377,29 @@ class TypedFile:
         from h5store.serving import serve
 
         return serve(self, batch, **loader_kwargs)
+
+    def to_tf_dataset(self, batch: Mapping[str, Any], batch_size: int, **kwargs: Any) -> Any:
+        """A ``tf.data.Dataset`` of batches of this file; see :func:`h5store.serving.tf.to_tf_dataset`.
+
+        Examples
+        --------
+        >>> ds = f.to_tf_dataset(dict(x=h5s.Item("mel"), y=h5s.Label("label")), batch_size=32)  # doctest: +SKIP
+        """
+        from h5store.serving import to_tf_dataset
+
+        return to_tf_dataset(self, batch, batch_size, **kwargs)
+
+    def iter_batches(self, batch: Mapping[str, Any], batch_size: int, **kwargs: Any) -> Any:
+        """One epoch of batches as numpy arrays, read ahead by threads; see :func:`h5store.serving.iter_batches`.
+
+        Examples
+        --------
+        >>> for b in f.iter_batches(dict(x=h5s.Window("mel", 64)), batch_size=32, epoch=0):  # doctest: +SKIP
+        ...     step(b["x"])
+        """
+        from h5store.serving import iter_batches
+
+        return iter_batches(self, batch, batch_size, **kwargs)
 
 
 def open(path: str | os.PathLike[str], mode: str = "r", **options: Any) -> TypedFile:
