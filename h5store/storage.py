@@ -330,7 +330,9 @@ Reader = DirectReader | H5Reader | MemoryReader
 def _chunk_rows(spec: ColumnSpec) -> int:
     if spec.chunk_rows:
         return spec.chunk_rows
-    return max(1, _CHUNK_BYTES // max(spec.row_nbytes, 1))
+    # Narrow rows (scalars, log values) get at most 16k rows per chunk: HDF5 rewrites the whole
+    # last chunk on every append commit, so a 512 KiB chunk of scalars would cost 512 KiB each.
+    return max(1, min(_CHUNK_BYTES // max(spec.row_nbytes, 1), 1 << 14))
 
 
 def _open_table(g: h5py.Group, name: str) -> h5py.Dataset:
