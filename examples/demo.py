@@ -82,7 +82,8 @@ def train(out: Path, steps: int) -> None:
 
     torch.manual_seed(0)
     f = Speech(out)
-    loader = f.serve(dict(x=h5s.Window("mel", 64), y=h5s.Item("label")), batch_size=32, shuffle=True,
+    batch_size = min(32, len(f))  # drop_last with fewer items than a batch would give no batch at all
+    loader = f.serve(dict(x=h5s.Window("mel", 64), y=h5s.Item("label")), batch_size=batch_size, shuffle=True,
                      num_workers=2, persistent_workers=True, drop_last=True)
     model = nn.Sequential(
         nn.Conv1d(80, 64, 5, padding=2), nn.ReLU(), nn.Conv1d(64, 64, 5, padding=2), nn.ReLU(),
@@ -91,7 +92,7 @@ def train(out: Path, steps: int) -> None:
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses: list[float] = []
     step, seen, t0 = 0, 0, time.perf_counter()
-    print(f"train: {steps} steps, batch 32, 2 workers, {len(f)} items")
+    print(f"train: {steps} steps, batch {batch_size}, 2 workers, {len(f)} items")
     while step < steps:
         for batch in loader:
             x = (batch["x"].transpose(1, 2) + 40.0) / 40.0  # (B, 80, 64), dB scaled to ~[-1, 1]
@@ -99,7 +100,7 @@ def train(out: Path, steps: int) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             step += 1
             seen += len(batch["y"])
             if step % 50 == 0 or step == steps:
