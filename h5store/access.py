@@ -210,6 +210,7 @@ class GroupView:
         self.store = store
         self.features = dict(features)
         self._views: dict[str, FeatureView] = {}
+        self._ids: IdsView | None = None
 
     def feature(self, name: str) -> FeatureView:
         view = self._views.get(name)
@@ -226,7 +227,9 @@ class GroupView:
 
     @property
     def ids(self) -> IdsView:
-        return IdsView(self.store.refs)
+        if self._ids is None:
+            self._ids = IdsView(self.store.refs)
+        return self._ids
 
     def __len__(self) -> int:
         return len(self.store)

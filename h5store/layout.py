@@ -114,7 +114,9 @@ def count_windows(lengths: np.ndarray, length: int, hop: int, partial: bool = Fa
         raise ValueError(f"window length and hop must be > 0, got {length} and {hop}")
     lengths = np.asarray(lengths, dtype=_I64)
     if partial:
-        return np.where(lengths > 0, (np.maximum(lengths - length, 0) + hop - 1) // hop + 1, 0)
+        # Windows until one reaches the end, but never one starting past the end (hop > length).
+        reach = (np.maximum(lengths - length, 0) + hop - 1) // hop + 1
+        return np.where(lengths > 0, np.minimum(reach, (lengths + hop - 1) // hop), 0)
     return np.where(lengths >= length, (lengths - length) // hop + 1, 0)
 
 

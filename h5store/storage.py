@@ -332,7 +332,10 @@ def _chunk_rows(spec: ColumnSpec) -> int:
         return spec.chunk_rows
     # Narrow rows (scalars, log values) get at most 16k rows per chunk: HDF5 rewrites the whole
     # last chunk on every append commit, so a 512 KiB chunk of scalars would cost 512 KiB each.
-    return max(1, min(_CHUNK_BYTES // max(spec.row_nbytes, 1), 1 << 14))
+    # Compressed chunks are decompressed whole on every read that touches them: keep them
+    # small (64 KiB) so a random window does not decompress half a megabyte.
+    target = (64 << 10) if spec.filtered else _CHUNK_BYTES
+    return max(1, min(target // max(spec.row_nbytes, 1), 1 << 14))
 
 
 def _open_table(g: h5py.Group, name: str) -> h5py.Dataset:
