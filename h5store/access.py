@@ -274,12 +274,14 @@ class GroupView:
         return int(self.extend([(id, values)])[0])
 
     def extend(self, records: Iterable[tuple[str, Mapping[str, Any]]] | Sequence[str],
-               columns: Mapping[str, Sequence[Any]] | None = None, *, encoded: bool = False) -> np.ndarray:
+               columns: Mapping[str, Sequence[Any]] | None = None, *, encoded: bool = False,
+               checksums: Sequence[Mapping[str, int]] | None = None) -> np.ndarray:
         """Add many ids at once: ``extend([(id, {feat: x}), ...])`` or ``extend(ids, {feat: [x, ...]})``.
 
         Every item is validated before anything is stored, so a bad item adds nothing.
         ``encoded=True`` skips validation for items that already went through
-        :meth:`Feature.encode <h5store.schema.Feature.encode>` (ingest validates in its workers).
+        :meth:`Feature.encode <h5store.schema.Feature.encode>` (ingest validates in its workers);
+        ``checksums`` (one dict per record) then gives their CRC-32s, computed by the caller.
         Returns the new positions.
         """
         if columns is not None:
@@ -292,15 +294,18 @@ class GroupView:
             ]
         else:
             recs = list(records)  # type: ignore[arg-type]
-        per: dict[str, tuple[list[int], list[Any]]] = {}
+        per: dict[str, tuple[list[int], list[Any], list[int]]] = {}
         for j, (id, values) in enumerate(recs):
             for name, value in values.items():
-                sel, items = per.setdefault(name, ([], []))
+                sel, items, crcs = per.setdefault(name, ([], [], []))
                 sel.append(j)
                 items.append(value if encoded else self._encode(name, value, id))
+                if checksums is not None:
+                    crcs.append(checksums[j][name])
         rows = self.store.add([r[0] for r in recs], {})
-        for name, (sel, items) in per.items():
-            self.store.columns[name].append(rows[np.asarray(sel, dtype=np.int64)], items)
+        for name, (sel, items, crcs) in per.items():
+            self.store.columns[name].append(rows[np.asarray(sel, dtype=np.int64)], items,
+                                            crcs if checksums is not None else None)
         return rows
 
     def describe(self) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ import numpy as np
 
 from h5store.errors import SourceError
 from h5store.schema import Feature, Source
+from h5store.storage import item_crc
 
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
@@ -192,21 +193,24 @@ def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source],
 def _load_chunk(features: dict[str, Feature], chunk: list[tuple[Source, list[str]]]) -> list[tuple[Any, ...]]:
     """Worker side: load every accepting feature of every source of a chunk.
 
-    Returns, per source, ``(id, items or None, failures, seconds)``; never raises for a bad
-    source, so one bad file cannot abort the run.
+    Returns, per source, ``(id, items or None, crcs, failures, seconds)``; never raises for a
+    bad source, so one bad file cannot abort the run. The items' CRC-32s are computed here,
+    in parallel, not by the one writer.
     """
     out = []
     for source, names in chunk:
         t0 = time.perf_counter()
         items: dict[str, Any] = {}
+        crcs: dict[str, int] = {}
         failed: list[tuple[str, str, str]] = []
         for name in names:
             feat = features[name]
             try:
                 items[name] = feat.encode(feat.load(source))
+                crcs[name] = item_crc(feat.spec().layout, items[name])
             except Exception as e:  # noqa: BLE001 - every failure is reported, none aborts the run
                 failed.append((name, type(e).__name__, str(e) or repr(e)))
-        out.append((source.id, None if failed else items, failed, time.perf_counter() - t0))
+        out.append((source.id, None if failed else items, crcs, failed, time.perf_counter() - t0))
     return out
 
 
@@ -250,7 +254,7 @@ def _isolated(features: dict[str, Feature], item: tuple[Source, list[str]]) -> t
     try:
         return joblib.Parallel(n_jobs=2)([joblib.delayed(_load_chunk)(features, [item])])[0][0]
     except Exception as e:  # noqa: BLE001
-        return (source.id, None, [(n, "WorkerDied", f"the worker process died loading this source ({type(e).__name__})") for n in names], 0.0)
+        return (source.id, None, {}, [(n, "WorkerDied", f"the worker process died loading this source ({type(e).__name__})") for n in names], 0.0)
 
 
 # ----------------------------------------------------------------------------- create
@@ -401,8 +405,8 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         last_commit = time.perf_counter()
         for results in _run_parallel(prepared, _chunks(work, n_workers), n_workers):
             t0 = time.perf_counter()
-            good = []
-            for id, items, failed, seconds in results:
+            good, sums = [], []
+            for id, items, crcs, failed, seconds in results:
                 report.load_seconds += seconds
                 if items is None:
                     src = str(seen[id])
@@ -411,8 +415,9 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
                         raise SourceError(f"{src}: {failed[0][0]}: {failed[0][1]}: {failed[0][2]}")
                 else:
                     good.append((id, items))
+                    sums.append(crcs)
             if good:
-                out.group().extend(good, encoded=True)
+                out.group().extend(good, encoded=True, checksums=sums)
                 report.n_stored += len(good)
             if time.perf_counter() - last_commit > _COMMIT_SECONDS:
                 out.flush()

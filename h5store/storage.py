@@ -326,6 +326,13 @@ class MemoryReader:
 Reader = DirectReader | H5Reader | MemoryReader
 
 
+def item_crc(layout: str, item: Any) -> int:
+    """The CRC-32 stored for one encoded item: of its C-order bytes (blobs: concatenated)."""
+    if layout == "blobs":
+        return zlib.crc32(b"".join(bytes(memoryview(b).cast("B")) for b in item))
+    return zlib.crc32(np.ascontiguousarray(item))
+
+
 # --------------------------------------------------------------------------- columns
 def _chunk_rows(spec: ColumnSpec) -> int:
     if spec.chunk_rows:
@@ -579,8 +586,12 @@ class Column:
     def _mark(self, row: int) -> None:
         self._dirty_from = row if self._dirty_from is None else min(self._dirty_from, row)
 
-    def append(self, rows: np.ndarray, items: Sequence[Any]) -> None:
-        """Store ``items`` (already validated arrays, or blob lists) for group ``rows``."""
+    def append(self, rows: np.ndarray, items: Sequence[Any], crcs: Sequence[int] | None = None) -> None:
+        """Store ``items`` (already validated arrays, or blob lists) for group ``rows``.
+
+        ``crcs`` are the items' :func:`item_crc` when the caller computed them already (ingest
+        does, in its workers, so the one writer does not spend its time hashing).
+        """
         self._need_writable()
         if not len(items):
             return
@@ -599,8 +610,9 @@ class Column:
             f0 = len(self.frames) + sum(len(p) for p in self._pending_frames)
             fstops = f0 + np.cumsum(counts)
             idx[rows] = np.stack([fstops - counts, fstops], axis=1)
-            for j, item in enumerate(blobs):
-                crc[j] = zlib.crc32(b"".join(item))
+            if crcs is None:
+                for j, item in enumerate(blobs):
+                    crc[j] = zlib.crc32(b"".join(item))
             self._pending_frames.append(frame_rows)
             block = np.concatenate(flat) if flat else np.zeros(0, np.uint8)
         else:
@@ -612,8 +624,11 @@ class Column:
                 lengths = np.fromiter((len(x) for x in items), np.int64, len(items))
             stops = self._size + np.cumsum(lengths)
             idx[rows] = np.stack([stops - lengths, stops], axis=1)
-            for j, x in enumerate(items):
-                crc[j] = zlib.crc32(np.ascontiguousarray(x))
+            if crcs is None:
+                for j, x in enumerate(items):
+                    crc[j] = zlib.crc32(np.ascontiguousarray(x))
+        if crcs is not None:
+            crc[:] = np.asarray(crcs, dtype=np.uint32)
         self.checksums[rows] = crc
         self._mark(int(rows.min()))
         block = np.ascontiguousarray(block, dtype=self.spec.np_dtype)

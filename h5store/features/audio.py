@@ -406,6 +406,27 @@ class _Spectral(Feature):
         """The mono float32 signal at ``sr`` that this feature transforms."""
         return read_audio(source, sr=self.sr, mono=True, dtype="float32")[0]
 
+    def magnitude(self, source: Any) -> np.ndarray:
+        """``|STFT|`` of the source's audio, shared by the spectral features of one source.
+
+        A worker loads every feature of a source in turn: mel, magnitude and MFCC with the
+        same ``sr`` and STFT parameters decode the file and run the STFT once. The last result
+        is kept (one entry, keyed by path, size, mtime and parameters), never more.
+        """
+        import librosa
+
+        try:
+            st = os.stat(str(source))
+        except OSError:
+            check_file(str(source))  # raises the SourceError naming the reason
+            raise
+        key = (str(source), st.st_size, st.st_mtime_ns, self.sr, tuple(sorted(self._stft_kwargs().items())))
+        if _LAST_STFT.get("key") != key:
+            _LAST_STFT.clear()
+            _LAST_STFT["value"] = np.abs(librosa.stft(self.audio(source), **self._stft_kwargs()))
+            _LAST_STFT["key"] = key
+        return _LAST_STFT["value"]
+
     def _stft_kwargs(self) -> dict[str, Any]:
         return dict(n_fft=self.n_fft, hop_length=self.hop_length, win_length=self.win_length,
                     window=self.window, center=self.center)
@@ -420,6 +441,7 @@ class _Spectral(Feature):
 
 
 _DATA_PARAMS = ("sr", "n_fft", "hop_length", "win_length", "window", "center")
+_LAST_STFT: dict[str, Any] = {}  # the last |STFT| computed in this process (see _Spectral.magnitude)
 _LOGS = (False, True, "db", "log")
 
 
@@ -472,8 +494,9 @@ class MagSpectrogram(_Spectral):
 
     Notes
     -----
-    Each spectral feature decodes the audio itself: declaring a mel and a magnitude
-    spectrogram on the same sources decodes each file twice (once per feature).
+    Spectral features with the same ``sr`` and STFT parameters share one decode and one
+    STFT per source (see :meth:`magnitude`): a mel and a magnitude spectrogram of the same
+    files cost little more than one of them.
 
     Examples
     --------
@@ -495,9 +518,7 @@ class MagSpectrogram(_Spectral):
         return ("power", "log")
 
     def load(self, source: Any) -> np.ndarray:
-        import librosa
-
-        s = np.abs(librosa.stft(self.audio(source), **self._stft_kwargs()))
+        s = self.magnitude(source)
         if self.power != 1.0:
             s = s**self.power
         return self._store(_log(s, self.log, self.power))
@@ -524,8 +545,9 @@ class MelSpectrogram(_Spectral):
 
     Notes
     -----
-    Each spectral feature decodes the audio itself: declaring a mel and a magnitude
-    spectrogram on the same sources decodes each file twice (once per feature).
+    Spectral features with the same ``sr`` and STFT parameters share one decode and one
+    STFT per source (see :meth:`magnitude`): a mel and a magnitude spectrogram of the same
+    files cost little more than one of them.
 
     Examples
     --------
@@ -558,8 +580,9 @@ class MelSpectrogram(_Spectral):
     def load(self, source: Any) -> np.ndarray:
         import librosa
 
+        # The same values as melspectrogram(y=...): librosa computes |STFT|**power first too.
         s = librosa.feature.melspectrogram(
-            y=self.audio(source), sr=self.sr, **self._stft_kwargs(), power=self.power,
+            S=self.magnitude(source) ** self.power, sr=self.sr, n_fft=self.n_fft,
             n_mels=self.n_mels, fmin=self.fmin, fmax=self.fmax,
         )
         return self._store(_log(s, self.log, self.power))
@@ -623,8 +646,10 @@ class MFCC(_Spectral):
     def load(self, source: Any) -> np.ndarray:
         import librosa
 
-        m = librosa.feature.mfcc(
-            y=self.audio(source), sr=self.sr, n_mfcc=self.n_mfcc, **self._stft_kwargs(),
+        # mfcc(y=...) is the DCT of power_to_db(melspectrogram(y, power=2)): the same from |STFT|.
+        mel = librosa.feature.melspectrogram(
+            S=self.magnitude(source) ** 2.0, sr=self.sr, n_fft=self.n_fft,
             n_mels=self.n_mels, fmin=self.fmin, fmax=self.fmax,
         )
+        m = librosa.feature.mfcc(S=librosa.power_to_db(mel), n_mfcc=self.n_mfcc)
         return self._store(m)
