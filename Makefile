@@ -31,8 +31,14 @@ lint: $(VENV)/.dev-installed
 test: $(VENV)/.dev-installed lint
 	$(PY) -m pytest
 
-bench: $(VENV)/.dev-installed
-	$(PY) benchmarks/bench_open.py
+# Serving speed on your own file: `make bench FILE=my.h5 BENCH_ARGS="--feature mel --workers 0,2,4"`.
+# Without FILE, on the demo's file (built by `make demo` when missing). The library's own
+# benchmarks against baselines are benchmarks/bench_*.py (results in benchmarks/RESULTS.md).
+FILE ?= demo-data/speech.h5
+BENCH_ARGS ?=
+bench: $(VENV)/.base-installed
+	@test -f "$(FILE)" || [ "$(FILE)" != "demo-data/speech.h5" ] || $(MAKE) demo
+	$(VENV)/bin/h5store bench "$(FILE)" $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

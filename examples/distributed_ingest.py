@@ -1,6 +1,6 @@
 """The same create, run on a Dask cluster through joblib's dask backend.
 
-Run: python examples/distributed_ingest.py [--n 24] [--workers 2]
+Run: python examples/distributed_ingest.py [--out DIR] [--n 24] [--workers 2]
 
 Here the cluster is a LocalCluster; on a real one, pass the scheduler address to Client and make
 sure the workers see the sources (a shared filesystem) and can import your features.
@@ -27,10 +27,11 @@ class Speech(h5s.TypedFile):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None, help="working folder (default: a new temporary folder)")
     p.add_argument("--n", type=int, default=24)
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args()
-    out = Path(tempfile.mkdtemp(prefix="h5store-dask-"))
+    out = Path(args.out or tempfile.mkdtemp(prefix="h5store-dask-"))
     rng = np.random.default_rng(0)
     for i in range(args.n):
         kind = ("tone", "noise")[i % 2]

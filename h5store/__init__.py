@@ -31,6 +31,7 @@ from h5store.features import (
     Text,
 )
 from h5store.schema import Feature, Group, Schema, Source, feature_types, register_feature
+from h5store.serving import interleave, iter_batches
 from h5store.serving.files import concat
 from h5store.serving.getters import Frames, Getter, Item, Label, Position, Window
 from h5store.typed_file import TypedFile, open
@@ -72,6 +73,8 @@ __all__ = [
     "__version__",
     "concat",
     "feature_types",
+    "interleave",
+    "iter_batches",
     "open",
     "register_feature",
 ]

@@ -1,4 +1,4 @@
-"""The ``h5store`` command line: create, info.
+"""The ``h5store`` command line: create, info, verify, plot, bench.
 
 Every error is one line on stderr and a non-zero exit status, never a traceback
 (``H5STORE_DEBUG=1`` shows the traceback).
@@ -123,6 +123,146 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    import warnings
+
+    from h5store.integrity import H5StoreSecurityWarning, verify, verify_in_subprocess
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", H5StoreSecurityWarning)
+        if args.untrusted:
+            # Files from strangers are parsed by a child process under memory and time limits.
+            report = verify_in_subprocess(args.file, deep=args.deep, untrusted=True, timeout=args.timeout,
+                                          max_memory=args.max_memory << 20, max_errors=args.max_errors)
+        else:
+            report = verify(args.file, deep=args.deep, max_errors=args.max_errors)
+    for note in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, H5StoreSecurityWarning)):
+        print(f"h5store: note: {note}", file=sys.stderr)
+    print("\n".join(report.lines()))
+    return 0 if report else 1
+
+
+def _key(ids: Any, key: str) -> str | int:
+    """An id as typed on the command line; a number that is not an id is a position."""
+    if key in ids:
+        return key
+    try:
+        return int(key)
+    except ValueError:
+        return key  # reported as a missing id by the read
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    import h5store
+
+    try:
+        from h5store.plot import plottable, save_plot
+
+        with h5store.open(args.file) as f:
+            feature = args.feature
+            if feature is None:
+                names = plottable(f)
+                if not names:
+                    raise CLIError(f"{args.file}: no plottable feature in the root group; name one with --feature")
+                feature = names[0]
+            group = feature.strip("/").rpartition("/")[0]
+            out = args.output or f"{feature.strip('/').replace('/', '-')}.png"
+            save_plot(f, _key(f.group(group).ids, args.id), out, feature=feature, size=(args.width, args.height),
+                      dpi=args.dpi)
+    except ImportError as e:  # matplotlib is the `plot` extra
+        raise CLIError(str(e)) from None
+    print(f"{out}: {feature} of {args.id!r} ({round(args.width * args.dpi)} x {round(args.height * args.dpi)} pixels)")
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise CLIError(f"{flag} takes comma-separated integers, e.g. 0,2,4; got {text!r}") from None
+    if not values or min(values) < 0:
+        raise CLIError(f"{flag} takes integers >= 0, got {text!r}")
+    return values
+
+
+def _bench_run(f: Any, getter: Any, items: Any, batch_size: int, workers: int, seconds: float) -> tuple[float, float, float]:
+    """(items/s, MB/s of the batch arrays, seconds to the first batch) of one served configuration."""
+    import time
+
+    t0 = time.perf_counter()
+    loader = f.serve(dict(x=getter), batch_size=batch_size, shuffle=True, num_workers=workers,
+                     persistent_workers=workers > 0, items=items)
+    it = iter(loader)
+    next(it)  # start-up (workers, open files, first read) is reported apart, not timed with the rate
+    first = time.perf_counter() - t0
+    n = nbytes = 0
+    t0 = time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds:
+        try:
+            batch = next(it)
+        except StopIteration:  # next epoch: persistent workers stay up
+            it = iter(loader)
+            continue
+        n += len(batch["x"])
+        nbytes += sum(int(v.nbytes) for v in batch.values() if hasattr(v, "nbytes"))
+    del it, loader  # shuts the workers down
+    return n / elapsed, nbytes / elapsed / 1e6, first
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import h5store
+    import h5store.serving.loader  # torch's import now: it is no part of the file's start-up time
+    from h5store.schema import Feature
+    from h5store.serving import Item, Window
+
+    workers = _int_list(args.workers, "--workers")
+    if args.batch_size <= 0 or args.seconds <= 0 or args.window <= 0:
+        raise CLIError("--batch-size, --seconds and --window must be > 0")
+    with h5store.open(args.file) as f:
+        if args.feature:
+            names = [n.strip() for n in args.feature.split(",") if n.strip()]
+        else:
+            rows = [r for r in f.describe() if r["group"] == "" and r["items"]]
+            if not rows:
+                raise CLIError(f"{args.file}: no feature of the root group holds items")
+            names = [max(rows, key=lambda r: r["data_bytes"])["feature"]]
+            others = sorted(r["feature"] for r in rows if r["feature"] != names[0])
+            print(f"feature: {names[0]} (the largest; --feature to choose{': ' + ', '.join(others) if others else ''})")
+        results = []
+        for name in names:
+            group, _, short = name.strip("/").rpartition("/")
+            view = f.group(group).feature(short)
+            feat, spec = view.feature, view.feature.spec()
+            items = np.flatnonzero(view.present)
+            if not items.size:
+                raise CLIError(f"{view.where}: no item to serve")
+            getters = [("Item", Item(name))]
+            if spec.layout == "blobs" or (spec.layout == "ragged" and type(feat).decode is Feature.decode):
+                getters.append((f"Window {args.window}", Window(name, args.window)))
+            shape = "(" + ", ".join("T" if d is None else str(d) for d in spec.shape) + ")"
+            mean = float(view.lengths[items].mean()) if spec.layout != "fixed" else None
+            print(f"{args.file}:{view.where.partition(':')[2]}  {type(feat).__name__} {spec.dtype} {shape} "
+                  f"{spec.layout}, {items.size:,} items" + (f", mean length {mean:,.0f}" if mean is not None else "")
+                  + f"; batch {args.batch_size}, shuffled, {args.seconds:g} s per run")
+            head = f"  {'getter':<14} {'workers':>7} {'items/s':>11} {'MB/s':>9} {'first batch':>12}"
+            print(head)
+            print("  " + "-" * (len(head) - 2))
+            for label, getter in getters:
+                for w in workers:
+                    rate, mbs, first = _bench_run(f, getter, items, args.batch_size, w, args.seconds)
+                    results.append((rate, name, label, w))
+                    print(f"  {label:<14} {w:>7} {rate:>11,.0f} {mbs:>9,.1f} {first:>10.2f} s", flush=True)
+        print("MB/s counts the batch arrays delivered (decoded, padded); 'first batch' is the start-up "
+              "(workers, file opens, first read), left out of the rates.")
+        for name in names:
+            for label in dict.fromkeys(r[2] for r in results if r[1] == name):
+                rate, _, _, w = max(r for r in results if r[1] == name and r[2] == label)
+                print(f"fastest {name} {label}: {w} worker{'s' if w != 1 else ''} ({rate:,.0f} items/s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from h5store import __version__
 
@@ -149,6 +289,36 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("file")
     i.add_argument("--max-failures", type=int, default=20)
     i.set_defaults(run=_cmd_info)
+
+    v = sub.add_parser("verify", help="check a file's structure, ids and indexes (--deep: every item's CRC-32)")
+    v.add_argument("file")
+    v.add_argument("--deep", action="store_true", help="read every item and check its CRC-32")
+    v.add_argument("--untrusted", action="store_true",
+                   help="refuse links, external storage, unusual filters and oversized declarations, "
+                        "checking in a memory- and time-limited child process")
+    v.add_argument("--max-errors", type=int, default=1000, help="problems listed (all are counted)")
+    v.add_argument("--timeout", type=float, default=600.0, help="--untrusted: seconds before the check is killed")
+    v.add_argument("--max-memory", type=int, default=2048, help="--untrusted: MiB the check may allocate")
+    v.set_defaults(run=_cmd_verify)
+
+    pl = sub.add_parser("plot", help="draw one item of a feature (spectrograms with Hz and seconds) to a PNG")
+    pl.add_argument("file")
+    pl.add_argument("id", help="the item's id (or its position)")
+    pl.add_argument("--feature", "-f", default=None, help="feature name, or group/name (default: the first spectrogram)")
+    pl.add_argument("--output", "-o", default=None, help="image file, format from its extension (default: <feature>.png)")
+    pl.add_argument("--width", type=float, default=10.0, help="inches")
+    pl.add_argument("--height", type=float, default=4.0, help="inches")
+    pl.add_argument("--dpi", type=float, default=100.0, help="pixels per inch")
+    pl.set_defaults(run=_cmd_plot)
+
+    b = sub.add_parser("bench", help="serving speed on this file: items/s and MB/s per getter and worker count")
+    b.add_argument("file")
+    b.add_argument("--feature", "-f", default=None, help="feature(s), comma-separated (default: the largest)")
+    b.add_argument("--batch-size", "-b", type=int, default=16)
+    b.add_argument("--workers", "-j", default="0,2", help="DataLoader worker counts to try, comma-separated")
+    b.add_argument("--seconds", type=float, default=3.0, help="timed seconds per configuration")
+    b.add_argument("--window", type=int, default=64, help="rows of the Window getter (variable-length features)")
+    b.set_defaults(run=_cmd_bench)
     return p
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -56,6 +57,7 @@ FORMAT_VERSION = 1
 ATTR_FORMAT = "h5store_format"
 ATTR_SCHEMA = "h5store_schema"
 ATTR_VERSION = "h5store_version"
+ATTR_SCHEMA_CRC = "h5store_schema_crc32"
 ABSENT = -1
 LAYOUTS = ("fixed", "ragged", "blobs")
 COMPRESSIONS = (None, "gzip", "lzf")
@@ -152,7 +154,10 @@ def init_root(f: h5py.File, schema: dict[str, Any], version: str) -> None:
     """Stamp an empty file as an h5store file of this format version."""
     f.attrs[ATTR_FORMAT] = FORMAT_VERSION
     f.attrs[ATTR_VERSION] = version
-    f.attrs[ATTR_SCHEMA] = json.dumps(schema, sort_keys=True)
+    text = json.dumps(schema, sort_keys=True)
+    f.attrs[ATTR_SCHEMA] = text
+    # Variable-length strings live in HDF5's global heap, which has no checksum of its own.
+    f.attrs[ATTR_SCHEMA_CRC] = np.uint32(zlib.crc32(text.encode("utf-8")))
 
 
 def check_root(f: h5py.File, path: str) -> dict[str, Any]:
@@ -175,12 +180,16 @@ def check_root(f: h5py.File, path: str) -> dict[str, Any]:
         )
     if fmt < 1:
         raise FormatError(f"{path}: invalid h5store format version {fmt}")
+    text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8", "surrogateescape")
     try:
-        schema = json.loads(raw if isinstance(raw, str) else bytes(raw).decode("utf-8"))
+        schema = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise FormatError(f"{path}: malformed schema attribute ({e})") from None
     if not isinstance(schema, dict) or not isinstance(schema.get("groups"), dict):
         raise FormatError(f"{path}: malformed schema attribute (no 'groups')")
+    crc = f.attrs.get(ATTR_SCHEMA_CRC)
+    if crc is not None and zlib.crc32(text.encode("utf-8", "surrogateescape")) != int(crc):
+        raise FormatError(f"{path}: the schema attribute fails its CRC-32 (damaged file)")
     return schema
 
 
@@ -240,8 +249,10 @@ class DirectReader:
         found.sort()
         starts = np.array([c for c, _ in found], dtype=np.int64)
         offsets = np.array([o for _, o in found], dtype=np.int64)
+        if len(found) != -(-n // rows):
+            return None  # unallocated chunks (fill values) are left to HDF5
         expected = np.arange(0, n, rows, dtype=np.int64)
-        if starts.shape != expected.shape or np.any(starts != expected):
+        if np.any(starts != expected):
             return None  # unallocated chunks (fill values) are left to HDF5
         row_nbytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
         if starts.size > 1 and np.all(np.diff(offsets) == rows * row_nbytes):
@@ -253,16 +264,20 @@ class DirectReader:
         if self._fd is None or self._pid != os.getpid():
             self._fd = os.open(self.path, os.O_RDONLY)
             self._pid = os.getpid()
+            # Closed with the reader (or when it is garbage): never one descriptor per open leaked.
+            self._closer = weakref.finalize(self, _close_fd, self._fd, self._pid)
         return self._fd
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_fd"], state["_pid"] = None, -1
+        state.pop("_closer", None)
         return state
 
     def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
+        closer = self.__dict__.get("_closer")
+        if closer is not None and self._pid == os.getpid():
+            closer()
         self._fd = None
 
     def read_runs(self, plan: ReadPlan) -> np.ndarray:
@@ -286,6 +301,14 @@ class DirectReader:
                 o += end - a
                 a = end
         return out
+
+
+def _close_fd(fd: int, pid: int) -> None:
+    if os.getpid() == pid:  # a forked child's copy of the reader must not close anything
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class H5Reader:
@@ -417,11 +440,21 @@ class Column:
         self._dirty_from: int | None = None
 
     # ---------------------------------------------------------------- tables
+    def _read_table(self, ds: h5py.Dataset, what: str) -> np.ndarray:
+        """A whole table, refused (not allocated) when it declares more bytes than the file holds."""
+        nbytes = ds.dtype.itemsize * int(np.prod(ds.shape, dtype=object))
+        if nbytes > ds.file.id.get_filesize() + (1 << 20):
+            raise CorruptRecordError(f"{self.where}: {what} declares {ds.shape} rows, more than the file holds")
+        try:
+            return ds[...]
+        except (OSError, RuntimeError, ValueError) as e:  # h5py's words for damaged chunks or B-trees
+            raise CorruptRecordError(f"{self.where}: {what} unreadable ({e})") from None
+
     @property
     def index(self) -> np.ndarray:
         """``(N, 2)`` int64 ``[start, stop)`` per item, validated once when first read."""
         if self._index is None:
-            idx = self._index_ds[...]
+            idx = self._read_table(self._index_ds, "index")
             self._validate_index(idx)
             self._index = idx
         return self._index
@@ -429,7 +462,7 @@ class Column:
     @property
     def checksums(self) -> np.ndarray:
         if self._checksum is None:
-            c = self._checksum_ds[...]
+            c = self._read_table(self._checksum_ds, "checksum")
             if len(c) != len(self.index):
                 raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(self.index)}")
             self._checksum = c
@@ -439,7 +472,7 @@ class Column:
     def frames(self) -> np.ndarray:
         if self._frames is None:
             assert self._frames_ds is not None
-            fr = self._frames_ds[...]
+            fr = self._read_table(self._frames_ds, "frames")
             self._check_ranges(fr, int(self.data.shape[0]), "frames")
             self._frames = fr
         return self._frames
@@ -540,6 +573,8 @@ class Column:
         spans = [fr[a:b] for a, b in idx.tolist()]
         starts = np.array([s[0, 0] if len(s) else 0 for s in spans], dtype=np.int64)
         stops = np.array([s[-1, 1] if len(s) else 0 for s in spans], dtype=np.int64)
+        for r, s in zip(rows.tolist(), spans):
+            self._check_contiguous(r, s)
         blocks = self.read_ranges(starts, stops)
         if verify:
             self.verify(rows, blocks)
@@ -558,9 +593,18 @@ class Column:
         span = self.frames[a + first : a + stop]
         if not len(span):
             return []
+        self._check_contiguous(row, self.frames[a:b])
         base = int(span[0, 0])
         block = self.read_ranges(np.array([base]), np.array([span[-1, 1]]))[0]
+        if first == 0 and stop == n:
+            # The whole item: its CRC-32 can be checked (a part of it cannot).
+            self.verify(np.array([row]), [block])
         return [block[s - base : e - base] for s, e in span.tolist()]
+
+    def _check_contiguous(self, row: int, span: np.ndarray) -> None:
+        # The CRC-32 covers the item's bytes, not where its blobs split them: frames must join.
+        if len(span) > 1 and not np.array_equal(span[1:, 0], span[:-1, 1]):
+            raise CorruptRecordError(f"{self.where}: the blob frames of the item at row {row} are not contiguous")
 
     def verify(self, rows: np.ndarray, parts: Sequence[np.ndarray]) -> None:
         """Raise :class:`CorruptRecordError` unless each part matches its stored CRC-32."""
@@ -704,6 +748,13 @@ class Tables:
     columns: dict[str, tuple[ColumnSpec, int, np.ndarray | None, np.ndarray | None, np.ndarray | None]]
 
 
+def _subgroup(g: h5py.Group, name: str, where: str) -> h5py.Group:
+    try:
+        return g[name]
+    except (KeyError, OSError) as e:  # h5py: "Unable to open object (incorrect metadata checksum ...)"
+        raise FormatError(f"{where}: unreadable ({e})") from None
+
+
 class GroupStore:
     """A group's refs table and its columns, as stored under one HDF5 group.
 
@@ -726,7 +777,7 @@ class GroupStore:
                 raise FormatError(f"{where}: group has no ids table")
             create_column(g, IDS, _IDS_SPEC, 0)
         base = where.rstrip("/")
-        self._ids = Column(g[IDS], _IDS_SPEC, f"{base}/ids", writable, path)
+        self._ids = Column(_subgroup(g, IDS, f"{base}/ids"), _IDS_SPEC, f"{base}/ids", writable, path)
         self._refs: Refs | None = None
         self.columns: dict[str, Column] = {}
         n = int(g[IDS]["index"].shape[0])
@@ -735,7 +786,7 @@ class GroupStore:
                 if not writable:
                     raise FormatError(f"{where}: no column {name!r} in the file")
                 create_column(g, name, spec, n)
-            self.columns[name] = Column(g[name], spec, f"{base}/{name}", writable, path)
+            self.columns[name] = Column(_subgroup(g, name, f"{base}/{name}"), spec, f"{base}/{name}", writable, path)
             if self.columns[name]._index_ds.shape[0] != n:
                 raise CorruptRecordError(f"{base}/{name}: index has {self.columns[name]._index_ds.shape[0]} rows for {n} ids")
 
@@ -805,6 +856,14 @@ class GroupStore:
             col.append(np.array([row]), [item])
         else:
             col.overwrite(row, item)
+
+    def close_readers(self) -> None:
+        """Close the descriptors of this process's direct readers (the file is being closed)."""
+        for col in (self._ids, *self.columns.values()):
+            if isinstance(col._reader, DirectReader):
+                col._reader.close()
+            if not isinstance(col._reader, MemoryReader):
+                col._reader = None
 
     def flush(self) -> None:
         if not self.writable:

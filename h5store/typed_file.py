@@ -80,8 +80,9 @@ class TypedFile:
         super().__init_subclass__(**kwargs)
         cls.schema = Schema.collect(cls)
 
-    def __init__(self, path: str | os.PathLike[str], mode: str = "r", **options: Any) -> None:
-        self._setup(str(path), mode, options)
+    def __init__(self, path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = False,
+                 **options: Any) -> None:
+        self._setup(str(path), mode, options, untrusted)
         try:
             self._ensure_open()
         except BaseException:
@@ -89,8 +90,9 @@ class TypedFile:
             self._handle.close()
             raise
 
-    def _setup(self, path: str, mode: str, options: dict[str, Any]) -> None:
+    def _setup(self, path: str, mode: str, options: dict[str, Any], untrusted: bool = False) -> None:
         self._handle = FileHandle(path, mode, **options)
+        self._untrusted = untrusted
         self._schema: Schema = type(self).schema
         self._groups: dict[str, GroupView] = {}
         self._inherited: dict[str, Tables] = {}  # a read-only parent's tables, after a fork
@@ -113,6 +115,12 @@ class TypedFile:
         f = h.file
         self._groups = {}
         path = h.path
+        if self._untrusted:
+            # Before anything is read: refuse external storage, links, VDS, unknown filters,
+            # and declared sizes that would make a read allocate without bound.
+            from h5store.safety import check_untrusted
+
+            check_untrusted(f, path)
         is_new = h.writable and len(f) == 0 and len(f.attrs) == 0
         declared = type(self).schema
         if is_new:
@@ -181,17 +189,17 @@ class TypedFile:
         init_root(self._handle.file, self._schema.to_dict(), _version())
 
     # -- pickling: the recipe ------------------------------------------------
-    _INTERNAL = frozenset({"_handle", "_schema", "_groups", "_pid"})
+    _INTERNAL = frozenset({"_handle", "_schema", "_groups", "_pid", "_inherited", "_untrusted"})
 
     def __getstate__(self) -> dict[str, Any]:
         h = self._handle
         # A copy in another process is a reader: h5store allows one writer. Attributes a
         # subclass set (``class MyDS(Speech, Dataset)`` with its own __init__) travel along.
         user = {k: v for k, v in self.__dict__.items() if k not in self._INTERNAL}
-        return {"path": h.path, "mode": "r", "options": h.options, "attrs": user}
+        return {"path": h.path, "mode": "r", "options": h.options, "attrs": user, "untrusted": self._untrusted}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._setup(state["path"], state["mode"], dict(state["options"]))
+        self._setup(state["path"], state["mode"], dict(state["options"]), state.get("untrusted", False))
         self.__dict__.update(state.get("attrs", {}))
 
     # -- structure -----------------------------------------------------------
@@ -233,7 +241,10 @@ class TypedFile:
                 if not self.writable:
                     raise FormatError(f"{where}: group missing from the file")
                 f.create_group(name)
-            g = f[name] if name else f
+            try:
+                g = f[name] if name else f
+            except (KeyError, OSError) as e:  # h5py: "Unable to open object (incorrect metadata checksum ...)"
+                raise FormatError(f"{where}: group unreadable ({e})") from None
             store = GroupStore(g, {n: ft.spec() for n, ft in feats.items()}, where, self.writable, self.path)
             tables = self._inherited.pop(name, None)
             if tables is not None:
@@ -343,6 +354,8 @@ class TypedFile:
         """Flush and close this process's handle."""
         if self._pid == os.getpid() and self._handle.is_open:
             self.flush()
+            for view in self._groups.values():
+                view.store.close_readers()
         self._handle.close()
         self._groups = {}
         self._pid = -1
@@ -402,11 +415,13 @@ class TypedFile:
         return iter_batches(self, batch, batch_size, **kwargs)
 
 
-def open(path: str | os.PathLike[str], mode: str = "r", **options: Any) -> TypedFile:
+def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = False, **options: Any) -> TypedFile:
     """Open any h5store file without its class; the schema comes from the file.
 
     Built-in features decode as usual; a custom feature whose class is not imported reads
-    as its raw stored arrays.
+    as its raw stored arrays. ``untrusted=True`` checks the whole file before anything is
+    read (:func:`h5store.safety.check_untrusted`) and warns when the bundled HDF5 has known
+    CVEs: for files from elsewhere, also consider :func:`h5store.integrity.verify_in_subprocess`.
 
     Examples
     --------
@@ -416,6 +431,6 @@ def open(path: str | os.PathLike[str], mode: str = "r", **options: Any) -> Typed
     """
     if not Path(path).exists():
         raise FileNotFoundError(f"{path}: no such file")
-    return TypedFile(path, mode, **options)
+    return TypedFile(path, mode, untrusted=untrusted, **options)
 
 

@@ -1,0 +1,359 @@
+"""Shared helpers of the benchmark scripts: schema classes, data, timing, reporting.
+
+Everything a worker process may have to unpickle lives here, in an importable module
+(``benchmarks._common``), so the benchmarks run under fork, spawn and forkserver alike:
+the TypedFile schema classes and the synthetic data generators. torch is *not* imported
+here: the ingest benchmark's joblib workers import this module, and a torch import
+would add seconds to every worker start.
+
+Measurement rules shared by all scripts (the machine is shared and noisy):
+
+* every figure is reported next to a baseline measured in the same run, as a ratio;
+* each measurement is repeated and the best run is kept (noise only ever slows a run);
+* files are read once before timing, so every pipeline reads from the page cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import datetime
+import io
+import os
+import platform
+import pstats
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "RESULTS.md"
+RESULTS_TITLE = "# Benchmark results"
+N_MELS = 80
+
+
+def setup_paths() -> None:
+    """Make ``benchmarks`` and ``h5store`` importable here and in every child process.
+
+    ``sys.path`` covers this process and multiprocessing's spawn children; ``PYTHONPATH``
+    covers the rest (joblib/loky workers, ``subprocess`` children).
+    """
+    root = str(REPO)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
+
+
+setup_paths()
+
+import h5store as h5s  # noqa: E402 - needs the repo root on sys.path when run as a script
+
+
+# --------------------------------------------------------------------------- schemas
+class Mels(h5s.TypedFile):
+    """The serving benchmark's file: the same mel items stored three ways."""
+
+    mel = h5s.Array(dtype="float32", shape=(None, N_MELS))
+    mel_lzf = h5s.Array(dtype="float32", shape=(None, N_MELS), compression="lzf")
+    mel_gz = h5s.Array(dtype="float32", shape=(None, N_MELS), compression="gzip", compression_opts=4, shuffle=True)
+
+
+class Small(h5s.TypedFile):
+    """Many small items: the first-batch benchmark's file (100,000 items)."""
+
+    mel = h5s.Array(dtype="float32", shape=(None, N_MELS))
+
+
+def _audio_features() -> tuple[Any, Any] | None:
+    """h5store's MelSpectrogram and MagSpectrogram, when that part of h5store exists."""
+    if hasattr(h5s, "MelSpectrogram") and hasattr(h5s, "MagSpectrogram"):
+        return h5s.MelSpectrogram, h5s.MagSpectrogram
+    try:
+        from h5store.features.audio import MagSpectrogram, MelSpectrogram
+    except ImportError:
+        return None
+    return MelSpectrogram, MagSpectrogram
+
+
+_AUDIO = _audio_features()
+Speech: type[h5s.TypedFile] | None = None
+if _AUDIO is not None:
+
+    class Speech(h5s.TypedFile):  # type: ignore[no-redef]
+        """Mel and magnitude spectrograms of a folder of wavs (the ingest benchmark's schema)."""
+
+        mel = _AUDIO[0](sr=16000, n_fft=1024, hop_length=256, n_mels=N_MELS)
+        mag = _AUDIO[1](sr=16000, n_fft=1024, hop_length=256)
+
+
+# --------------------------------------------------------------------------- data
+def item_ids(n: int) -> list[str]:
+    """Ids ``i000000``, ``i000001``... (also the dataset names of the per-item h5py files)."""
+    return [f"i{i:06d}" for i in range(n)]
+
+
+def make_mels(n: int, seed: int = 0, lo: int = 100, hi: int = 600) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` mel-like float32 items of ``lo..hi`` frames x 80, as one concatenation + offsets.
+
+    Values are a per-item spectral envelope plus noise: full-entropy float mantissas, as in
+    real log-mels, so lzf and gzip compress them about as poorly as they do real data.
+    Returns ``(data (T, 80), offsets (n + 1,))``; item ``i`` is ``data[offsets[i]:offsets[i+1]]``.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(lo, hi + 1, size=n)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = rng.standard_normal((int(offsets[-1]), N_MELS), dtype=np.float32)
+    envelope = np.linspace(-2.0, -8.0, N_MELS, dtype=np.float32)
+    data += envelope
+    return data, offsets
+
+
+def split(data: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """The items of a concatenation, as views."""
+    return [data[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+def warm_page_cache(paths: Iterable[str | os.PathLike[str]]) -> int:
+    """Read every file once so that timed runs read from the page cache; returns bytes read."""
+    total = 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as fh:
+            while chunk := fh.read(16 << 20):
+                total += len(chunk)
+    return total
+
+
+# --------------------------------------------------------------------------- timing
+@dataclass
+class Run:
+    """One timed run: how many items (and payload bytes) in how many seconds."""
+
+    items: int
+    seconds: float
+    payload: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class Timing:
+    """Repeated runs of one pipeline; the best (fastest) run stands for it."""
+
+    name: str
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def best(self) -> Run:
+        return max(self.runs, key=lambda r: r.rate)
+
+    @property
+    def rate(self) -> float:
+        """Items per second of the best run."""
+        return self.best.rate
+
+    @property
+    def mb_per_s(self) -> float:
+        b = self.best
+        return b.payload / b.seconds / 1e6 if b.seconds > 0 else float("inf")
+
+
+def repeat(name: str, fn: Callable[[], tuple[int, int]], times: int) -> Timing:
+    """Call ``fn`` (returning ``(items, payload bytes)``) ``times`` times, timing each call."""
+    t = Timing(name)
+    for _ in range(times):
+        t0 = time.perf_counter()
+        items, payload = fn()
+        t.runs.append(Run(items, time.perf_counter() - t0, payload))
+    return t
+
+
+def memcpy_gbps(nbytes: int = 256 << 20, times: int = 5) -> float:
+    """This machine's single-core memcpy bandwidth: best numpy copy of an ``nbytes`` array (GB/s)."""
+    src = np.ones(nbytes // 8, np.float64)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(times):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def profile_top(fn: Callable[[], Any], n: int = 12) -> str:
+    """Run ``fn`` under cProfile; the ``n`` functions with the most own time, as text."""
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        fn()
+    finally:
+        prof.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(n)
+    text = out.getvalue()
+    # Keep the table only, with paths shortened to package/module.
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
+    short = [re.sub(r"\S*/(site-packages|lib/python3\.\d+|main)/", "", line) for line in lines[start:]]
+    return "\n".join(line for line in short if line.strip())
+
+
+# --------------------------------------------------------------------------- memory
+def tree_rss(root: int | None = None) -> int:
+    """Summed RSS (bytes) of a process and all its descendants."""
+    import psutil
+
+    try:
+        p = psutil.Process(root or os.getpid())
+        procs = [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for q in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            total += q.memory_info().rss
+    return total
+
+
+class PeakRss:
+    """A thread sampling the process tree's summed RSS every ``interval`` s; keeps the peak.
+
+    >>> with PeakRss() as peak:  # doctest: +SKIP
+    ...     work()
+    >>> peak.peak  # doctest: +SKIP
+    """
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
+        self.peak = 0  # whole tree
+        self.peak_self = 0  # this process alone
+        self.start_rss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        self.peak = max(self.peak, tree_rss())
+        self.peak_self = max(self.peak_self, psutil.Process().memory_info().rss)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakRss:
+        self.start_rss = tree_rss()
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+def uss_pss(pids: Sequence[int]) -> tuple[int, int]:
+    """Summed USS and PSS (bytes) of ``pids`` (``/proc/<pid>/smaps``, through psutil)."""
+    import psutil
+
+    uss = pss = 0
+    for pid in pids:
+        info = psutil.Process(pid).memory_full_info()
+        uss += info.uss
+        pss += getattr(info, "pss", 0)
+    return uss, pss
+
+
+# --------------------------------------------------------------------------- reporting
+def machine_info() -> str:
+    """One line naming this machine and the versions that matter for the figures."""
+    import h5py
+
+    cpu = platform.processor() or "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        m = re.search(r"model name\s*:\s*(.+)", fh.read())
+        if m:
+            cpu = m.group(1).strip()
+    try:
+        import psutil
+
+        mem = f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
+    except ImportError:  # pragma: no cover - psutil is a dev dependency
+        mem = "?"
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {mem} RAM, Python {platform.python_version()}, "
+        f"numpy {np.__version__}, h5py {h5py.__version__} / HDF5 {h5py.version.hdf5_version}, "
+        f"h5store {h5s.__version__}"
+    )
+
+
+def load_note(load: tuple[float, float]) -> str:
+    """A sentence on how busy the machine was (other users share it), for the reader to judge noise."""
+    a, b = load
+    return (f"Load average (1 min) {a:.1f} at the start of the run and {b:.1f} at the end, on {os.cpu_count()} "
+            "cores shared with other users: absolute figures move with it, ratios measured in the same run much less.")
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def fmt_rate(x: float) -> str:
+    """Items/s with sensible precision."""
+    if x != x:  # NaN: not measured
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def fmt_ratio(x: float) -> str:
+    return "-" if x != x else f"{x:.2f}x"
+
+
+def write_section(heading: str, body: str, path: Path = RESULTS) -> None:
+    """Replace the ``## heading`` section of ``path`` (create the file or section if absent).
+
+    Other sections, owned by other scripts, are kept byte for byte.
+    """
+    title = f"## {heading}"
+    text = path.read_text() if path.exists() else f"{RESULTS_TITLE}\n"
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == title), None)
+    block = [title, "", *body.strip("\n").splitlines(), ""]
+    if start is None:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += ["", *block]
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = block
+    path.write_text("\n".join(lines).rstrip("\n") + "\n")
+
+
+@contextlib.contextmanager
+def step(what: str) -> Iterator[None]:
+    """Print what is being measured and how long it took (to stderr, to keep stdout tables clean)."""
+    print(f"... {what}", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    yield
+    print(f"    {what}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

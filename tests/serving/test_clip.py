@@ -1,0 +1,121 @@
+"""Random clips of K consecutive video frames: `Window` over an `EncodedFrames` feature.
+
+No getter of its own is needed: on a "blobs" feature `Window` reads only the K frames'
+bytes at an offset drawn from (seed, epoch, index), decodes them, and returns
+``(B, K, H, W, C)`` uint8. These tests hold it to that.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import h5store as h5s
+from h5store.serving import FileDataset
+from h5store.storage import Column
+
+pytest.importorskip("PIL")
+
+K = 4
+FRAMES = (9, 12, 6, 4, 15)
+
+
+class Video(h5s.TypedFile):
+    video = h5s.EncodedFrames(quality=95)
+    label = h5s.Scalar(dtype="int64")
+
+
+def frame_value(v: int, t: int) -> int:
+    """The flat grey level of frame t of video v (JPEG keeps flat frames within a few levels)."""
+    return 8 * t + 3 * v
+
+
+@pytest.fixture(scope="module")
+def video_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("clip") / "video.h5"
+    with Video(path, mode="w") as w:
+        for v, n in enumerate(FRAMES):
+            frames = np.stack([np.full((6, 10, 3), frame_value(v, t), np.uint8) for t in range(n)])
+            w.add(f"v{v}", dict(video=frames, label=v % 2))
+    return path
+
+
+def first_frames(clips: np.ndarray, items: np.ndarray) -> list[int]:
+    """The index of each clip's first frame, recovered from its grey level (and checked consecutive)."""
+    out = []
+    for clip, v in zip(clips, items.tolist()):
+        level = clip.reshape(len(clip), -1).mean(axis=1)
+        t0 = int(round((level[0] - 3 * v) / 8))
+        np.testing.assert_allclose(level, [frame_value(v, t0 + j) for j in range(len(clip))], atol=3)
+        out.append(t0)
+    return out
+
+
+def test_clips_are_k_consecutive_frames_reproducible_per_epoch(video_path: Path) -> None:
+    f = Video(video_path)
+    ds = FileDataset(f, dict(clip=h5s.Window("video", K), n=h5s.Position()), seed=7)
+    idx = np.array([0, 1, 4, 2, 1])
+    a = ds.fetch(idx, epoch=0)
+    assert a["clip"].shape == (5, K, 6, 10, 3) and a["clip"].dtype == np.uint8
+    starts = first_frames(a["clip"], a["n"])
+    assert all(0 <= s <= FRAMES[v] - K for s, v in zip(starts, a["n"].tolist()))
+    np.testing.assert_array_equal(ds.fetch(idx, epoch=0)["clip"], a["clip"])  # same (seed, epoch): same clips
+    later = [first_frames(ds.fetch(idx, epoch=e)["clip"], a["n"]) for e in range(1, 6)]
+    assert any(s != starts for s in later)  # other epochs: other offsets
+    other_seed = FileDataset(f, dict(clip=h5s.Window("video", K), n=h5s.Position()), seed=8)
+    assert any(first_frames(other_seed.fetch(idx, epoch=e)["clip"], a["n"]) != starts for e in range(3))
+    # Exactly what f.video.blobs() decodes for the same frames.
+    v, s = int(a["n"][2]), starts[2]
+    np.testing.assert_array_equal(a["clip"][2], np.stack(f.video.blobs(f"v{v}", s, s + K)))
+    f.close()
+
+
+def test_a_clip_reads_only_its_frames(video_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spans: list[tuple[int, int]] = []
+    real = Column.read_blobs
+
+    def spy(self: Column, row: int, first: int, stop: int) -> list[np.ndarray]:
+        spans.append((first, stop))
+        return real(self, row, first, stop)
+
+    def no_whole_items(self: Column, *args: object, **kwargs: object) -> None:
+        raise AssertionError("a clip must not read whole videos")
+
+    f = Video(video_path)
+    ds = FileDataset(f, dict(clip=h5s.Window("video", K)))
+    monkeypatch.setattr(Column, "read_blobs", spy)
+    monkeypatch.setattr(Column, "read_items", no_whole_items)
+    ds.fetch([0, 1, 2, 4])
+    assert len(spans) == 4 and all(stop - first == K for first, stop in spans)
+    f.close()
+
+
+def test_short_videos_are_padded_or_skipped(video_path: Path) -> None:
+    f = Video(video_path)
+    long = 8
+    padded = FileDataset(f, dict(clip=h5s.Window("video", long), n=h5s.Position()), mask=True).fetch([3, 0])
+    assert padded["clip"].shape == (2, long, 6, 10, 3)
+    assert padded["clip_lengths"].tolist() == [4, long]  # video 3 has 4 frames: zero-padded after them
+    assert not padded["clip"][0, 4:].any() and padded["clip_mask"][0].tolist() == [True] * 4 + [False] * 4
+    skipped = FileDataset(f, dict(clip=h5s.Window("video", long, pad="skip")))
+    assert len(skipped) == sum(n >= long for n in FRAMES)
+    f.close()
+
+
+def test_clips_served_by_two_workers(video_path: Path) -> None:
+    f = Video(video_path)
+    loader = f.serve(dict(clip=h5s.Window("video", K), y=h5s.Label("label"), n=h5s.Position()), batch_size=5,
+                     num_workers=2, seed=3)
+    batches = list(loader)
+    b = batches[0]
+    assert tuple(b["clip"].shape) == (5, K, 6, 10, 3) and str(b["clip"].dtype) == "torch.uint8"
+    first_frames(b["clip"].numpy(), b["n"].numpy())
+    assert sorted(int(p) for b in batches for p in b["n"]) == list(range(len(FRAMES)))
+    # The workers drew the same clips as a dataset fetch of the same indices in epoch 0.
+    again = FileDataset(f, dict(clip=h5s.Window("video", K), y=h5s.Label("label"), n=h5s.Position()),
+                        seed=3).fetch(np.arange(5), epoch=0)
+    np.testing.assert_array_equal(b["clip"].numpy(), again["clip"])
+    del loader
+    f.close()
