@@ -343,8 +343,10 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
             per = (b["peak"] - a["peak"]) / (b["n"] - a["n"])
             per_parent = (b["peak_parent"] - a["peak_parent"]) / (b["n"] - a["n"])
             lines += [f"Peak at {b['n']:,} sources / peak at {a['n']:,}: {b['peak'] / a['peak']:.2f}x "
-                      f"(target: no growth with the number of sources): {per:,.0f} bytes more per extra source "
-                      f"for the tree, {per_parent:,.0f} of them in the parent.", ""]
+                      f"(target: no growth with the number of sources). Spread over the extra sources that would "
+                      f"be {per:,.0f} bytes each ({per_parent:,.0f} in the parent), but the writer's spill buffers "
+                      f"(up to {BUFFER_BOUND >> 20} MiB, see the target) fill only in the larger create: compare "
+                      "larger creates before calling it per-source growth.", ""]
     if res.get("profile"):
         lines += ["<details><summary>cProfile of the parent process during a create with n_workers=2 (workers "
                   "warm; top functions by own time; the workers' time shows as waiting)</summary>", "",
