@@ -14,7 +14,7 @@ import pytest
 
 import h5store as h5s
 from h5store.serving import BatchIterator, FileDataset
-from h5store.serving.numpy_iter import aligned_empty, prepare_for_threads
+from h5store.serving.numpy_iter import BufferPool, aligned_empty, prepare_for_threads
 from tests.serving.conftest import N, reference
 from tests.serving.schemas import Speech, SpeechLZF
 
@@ -171,11 +171,29 @@ def test_an_error_reaches_the_loop_and_stops_the_threads(speech: Speech) -> None
         speech.iter_batches(dict(x=h5s.Item("mel")), 2, threads=-1)
 
 
+def test_buffer_pool_reuses_only_free_buffers() -> None:
+    pool = BufferPool(size=2, min_bytes=1 << 10)
+    a = pool((64, 100), "float32")
+    addr = a.ctypes.data
+    assert addr % 64 == 0  # tensorflow adopts such buffers without a copy
+    b = pool((64, 100), "float32")
+    assert b.ctypes.data != addr  # a is still held: never handed out twice
+    view = a[:3]
+    del a
+    assert pool((64, 100), "float32").ctypes.data != addr  # a view still holds it
+    del view
+    c = pool((60, 100), "float32")
+    assert c.ctypes.data == addr  # free again: reused
+    d = pool((64, 100), "float32")  # both pooled buffers in use, the pool full: a plain array
+    assert d.ctypes.data % 64 == 0 and d.ctypes.data not in (addr, b.ctypes.data)
+    assert pool((2, 2), "int64").shape == (2, 2) and aligned_empty((0, 3), "float32").shape == (0, 3)
+
+
 def test_threads_share_one_prepared_dataset(speech: Speech) -> None:
     ds = prepare_for_threads(FileDataset(speech, dict(x=h5s.Item("mel"), t=h5s.Item("text"))))
+    assert isinstance(ds.files.alloc, BufferPool)
     b = ds.fetch(np.arange(5))
-    assert b["x"].ctypes.data % 64 == 0  # tensorflow adopts such buffers without a copy
-    assert aligned_empty((0, 3), "float32").shape == (0, 3)
+    assert b["x"].ctypes.data % 64 == 0
     want = [ds.fetch([i]) for i in range(N)]
     errors: list[BaseException] = []
 
