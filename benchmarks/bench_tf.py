@@ -57,12 +57,15 @@ class Config:
     small_batch: int = 16  # the from_generator comparison
     big_batch: int = 64  # thread scaling: the copy dominates
     repeat: int = 5
-    max_seconds: float = 2.0  # a timed run is one epoch, or what of it fits in this
+    min_seconds: float = 1.0  # a timed run is whole epochs until this has passed...
+    max_seconds: float = 3.0  # ...or, mid-epoch, this (the slow baseline)
+    pause: float = 0.3  # between timed runs
     check_batches: int = 10
     quick: bool = False
 
 
-QUICK = Config(n_items=200, big_batch=32, repeat=1, max_seconds=0.4, check_batches=3, quick=True)
+QUICK = Config(n_items=200, big_batch=32, repeat=1, min_seconds=0.2, max_seconds=0.4, pause=0.05, check_batches=3,
+               quick=True)
 
 
 # --------------------------------------------------------------------------- runs
@@ -108,23 +111,32 @@ class Timing:
         return b.faults / b.batches if self.runs and b.batches else NAN
 
 
-def timed(batches: Iterable[Any], max_seconds: float) -> Run:
-    """Consume batches (dicts with ``x``) for one epoch or ``max_seconds``, whichever ends first."""
+def timed(epochs: Callable[[], Iterable[Any]], min_seconds: float, max_seconds: float) -> Run:
+    """Consume whole epochs of batches (dicts with ``x``) until ``min_seconds`` have passed.
+
+    ``epochs()`` gives the next epoch's batches. A run stops early, mid-epoch, at
+    ``max_seconds`` (the slow baseline). Epoch starts (threads, iterators, the first batch's
+    latency) are part of the cost, as in training.
+    """
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     c0 = time.process_time()
     t0 = time.perf_counter()
     items = n = 0
-    it = iter(batches)
-    try:
-        for b in it:
-            items += int(b["x"].shape[0])
-            n += 1
-            if time.perf_counter() - t0 >= max_seconds:
-                break
-    finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
+    done = False
+    while not done:
+        it = iter(epochs())
+        try:
+            for b in it:
+                items += int(b["x"].shape[0])
+                n += 1
+                if time.perf_counter() - t0 >= max_seconds:
+                    done = True
+                    break
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+        done = done or time.perf_counter() - t0 >= min_seconds
     dt = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return Run(items, dt, time.process_time() - c0, r1.ru_minflt - r0.ru_minflt, n)
@@ -154,15 +166,15 @@ def generator_dataset(path: str, batch_size: int, seed: int) -> Any:
     return ds.prefetch(tf.data.AUTOTUNE)
 
 
-def child_main(path: str, batch_size: int, max_seconds: float) -> int:
+def child_main(path: str, batch_size: int, min_seconds: float, max_seconds: float) -> int:
     """Serve timed runs of (G) on request: one line "run" in, one JSON line out."""
     ds = generator_dataset(path, batch_size, seed=0)
-    timed(ds, max_seconds)  # warm-up
+    timed(lambda: ds, min_seconds, max_seconds)  # warm-up
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             break
-        r = timed(ds, max_seconds)
+        r = timed(lambda: ds, min_seconds, max_seconds)
         print(json.dumps(r.__dict__), flush=True)
     return 0
 
@@ -170,9 +182,9 @@ def child_main(path: str, batch_size: int, max_seconds: float) -> int:
 class Baseline:
     """The (G) child process, driven one timed run at a time (so that its runs interleave with ours)."""
 
-    def __init__(self, path: str, batch_size: int, max_seconds: float) -> None:
+    def __init__(self, path: str, batch_size: int, min_seconds: float, max_seconds: float) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--child", path, str(batch_size), str(max_seconds)],
+            [sys.executable, __file__, "--child", path, str(batch_size), str(min_seconds), str(max_seconds)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self._line()
         if line != "ready":
@@ -218,7 +230,11 @@ def build_file(cache: Path, n: int) -> Path:
 
 # --------------------------------------------------------------------------- measurements
 def rounds(pipes: dict[str, Callable[[], Run]], cfg: Config, label: str) -> dict[str, Timing]:
-    """One warm-up run each, then ``cfg.repeat`` interleaved rounds of timed runs."""
+    """One warm-up run each, then ``cfg.repeat`` interleaved rounds of timed runs.
+
+    A short pause separates runs: tensorflow's thread pools spin for a while after their
+    work ends, which would otherwise take the second core from the next run.
+    """
     out = {name: Timing(name) for name in pipes}
     with C.step(f"{label}: warm-up"):
         for run in pipes.values():
@@ -226,6 +242,7 @@ def rounds(pipes: dict[str, Callable[[], Run]], cfg: Config, label: str) -> dict
     with C.step(f"{label}: {cfg.repeat} rounds of {len(pipes)} pipelines"):
         for _ in range(cfg.repeat):
             for name, run in pipes.items():
+                time.sleep(cfg.pause)
                 out[name].runs.append(run())
     return out
 
@@ -235,7 +252,7 @@ def tf_pipes(f: Any, feature: str, batch_size: int, cfg: Config, calls: dict[str
     pipes: dict[str, Callable[[], Run]] = {}
     for name, npc in calls.items():
         ds = f.to_tf_dataset(spec, batch_size, seed=0, num_parallel_calls=npc)
-        pipes[name] = lambda ds=ds: timed(ds, cfg.max_seconds)
+        pipes[name] = lambda ds=ds: timed(lambda: ds, cfg.min_seconds, cfg.max_seconds)
     return pipes
 
 
@@ -244,8 +261,9 @@ def numpy_pipes(f: Any, feature: str, batch_size: int, cfg: Config, threads: Ite
 
     ds = FileDataset(f, {"x": h5s.Item(feature)})
     epochs = iter(range(1 << 30))
-    return {f"N threads={t}": (lambda t=t: timed(h5s.iter_batches(ds, None, batch_size, threads=t, prefetch=2 * t,
-                                                                     epoch=next(epochs)), cfg.max_seconds))
+    return {f"N threads={t}": (lambda t=t: timed(
+                lambda: h5s.iter_batches(ds, None, batch_size, threads=t, prefetch=2 * t, epoch=next(epochs)),
+                cfg.min_seconds, cfg.max_seconds))
             for t in threads}
 
 
@@ -279,7 +297,7 @@ def preadv_pipes(path: Path, n_items: int, batch_size: int, cfg: Config,
         c0, t0 = time.process_time(), time.perf_counter()
         for t in workers:
             t.start()
-        time.sleep(min(cfg.max_seconds, 1.0))
+        time.sleep(cfg.min_seconds)
         stop.set()
         for t in workers:
             t.join()
@@ -467,7 +485,7 @@ def report(cfg: Config, res: dict[str, Any]) -> str:
         f"Data: {cfg.n_items:,} mel items of 100-600 frames x 80 float32 (seed 0; `benchmarks/_common.py`), "
         f"{res['bytes'] / 1e6:.0f} MB per copy, in the page cache; stored plain, lzf and gzip (level 4 + shuffle) "
         "in one h5store file. Every pipeline serves whole items, shuffled, zero-padded with lengths. A timed run "
-        f"is one epoch or its first {cfg.max_seconds:g} s; each figure is the best of {cfg.repeat} runs after one "
+        f"is whole epochs until {cfg.min_seconds:g} s have passed (or, mid-epoch, {cfg.max_seconds:g} s); each figure is the best of {cfg.repeat} runs after one "
         "untimed warm-up, the pipelines of a table timed in interleaved rounds. 'CPU cores used' is process CPU "
         "time / wall time during the best run (2.0 = both cores busy) and 'CPU us / item' the process CPU time per "
         "item (what the pipeline costs, whatever the machine's load); page faults are minor faults of the whole "
@@ -552,10 +570,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "h5store-bench-cache"),
                     help="where the benchmark's file is cached between runs")
-    ap.add_argument("--child", nargs=3, metavar=("PATH", "BATCH", "SECONDS"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=4, metavar=("PATH", "BATCH", "MIN", "MAX"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        return child_main(args.child[0], int(args.child[1]), float(args.child[2]))
+        return child_main(args.child[0], int(args.child[1]), float(args.child[2]), float(args.child[3]))
     cfg = QUICK if args.quick else Config()
     load0 = os.getloadavg()[0]
     path = build_file(Path(args.cache_dir), cfg.n_items)
@@ -567,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     with C.step("same batches from tf, numpy and torch"):
         res["same"] = same_batches(f, cfg)
     with C.step("start the from_generator child"):
-        baseline = Baseline(str(path), cfg.small_batch, cfg.max_seconds)
+        baseline = Baseline(str(path), cfg.small_batch, cfg.min_seconds, cfg.max_seconds)
     try:
         small = {"G from_generator": baseline.run,
                  **tf_pipes(f, "mel", cfg.small_batch, cfg, {"T calls=1": 1, "T calls=2": 2, "T calls=AUTOTUNE": -1}),
