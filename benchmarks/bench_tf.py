@@ -256,12 +256,17 @@ def tf_pipes(f: Any, feature: str, batch_size: int, cfg: Config, calls: dict[str
     return pipes
 
 
-def numpy_pipes(f: Any, feature: str, batch_size: int, cfg: Config, threads: Iterable[int]) -> dict[str, Callable[[], Run]]:
+def numpy_pipes(f: Any, feature: str, batch_size: int, cfg: Config, threads: Iterable[int],
+                pool: bool = True) -> dict[str, Callable[[], Run]]:
     from h5store.serving import FileDataset
+    from h5store.serving.numpy_iter import aligned_empty
 
     ds = FileDataset(f, {"x": h5s.Item(feature)})
+    if not pool:
+        ds.files.alloc = aligned_empty  # a new buffer per batch, as without h5store's BufferPool
     epochs = iter(range(1 << 30))
-    return {f"N threads={t}": (lambda t=t: timed(
+    suffix = "" if pool else " (no buffer pool)"
+    return {f"N threads={t}{suffix}": (lambda t=t: timed(
                 lambda: h5s.iter_batches(ds, None, batch_size, threads=t, prefetch=2 * t, epoch=next(epochs)),
                 cfg.min_seconds, cfg.max_seconds))
             for t in threads}
@@ -441,7 +446,8 @@ def malloc_patch_cost(f: Any, cfg: Config, before: set[str]) -> dict[str, Timing
     for _ in g:
         pass
     pipes = {**tf_pipes(f, "mel", cfg.small_batch, cfg, {"T calls=2": 2}),
-             **numpy_pipes(f, "mel", cfg.small_batch, cfg, [2])}
+             **numpy_pipes(f, "mel", cfg.small_batch, cfg, [2]),
+             **numpy_pipes(f, "mel", cfg.small_batch, cfg, [2], pool=False)}
     after = rounds(pipes, cfg, "after a from_generator dataset")
     return {f"{name} (after from_generator)": t for name, t in after.items() if name in before}
 
@@ -524,6 +530,23 @@ def report(cfg: Config, res: dict[str, Any]) -> str:
         "",
         table(gz, "T calls=1"),
         "",
+        "### What limits a second reader thread",
+        "",
+        f"Two reader threads kept {big['N threads=2'].cores:.2f} cores busy (numpy iterator) and "
+        f"{big['T calls=2'].cores:.2f} (tf pipeline), where threads that only call preadv kept "
+        f"{big['preadv only, threads=2'].cores:.2f}. "
+        f"With two threads the numpy iterator's CPU time per item goes from {big['N threads=1'].cpu_us_per_item:.0f} "
+        f"to {big['N threads=2'].cpu_us_per_item:.0f} us ({ratio(big['N threads=2'].cpu_us_per_item, big['N threads=1'].cpu_us_per_item):.2f}x), "
+        f"the tf pipeline's from {big['T calls=1'].cpu_us_per_item:.0f} to {big['T calls=2'].cpu_us_per_item:.0f} us, "
+        f"while threads that only call preadv stay at {big['preadv only, threads=1'].cpu_us_per_item:.0f} / "
+        f"{big['preadv only, threads=2'].cpu_us_per_item:.0f} us. The copy itself scales; what does not is the "
+        "handing over of the GIL: a padded batch is read with about two GIL-releasing calls per item (one "
+        "`os.preadv` per item or chunk piece, one numpy zero-fill per item shorter than the longest), each "
+        "separated by a few microseconds of Python (`FileSet.read_padded` / `_pread_scatter`), so two threads "
+        "keep handing the GIL to each other and wait for it. Reading a batch with fewer, larger GIL-free calls "
+        "(one masked zero-fill per batch instead of one per item, a vectorised piece plan) is the fix, in the "
+        "read engine (`h5store/serving/files.py`).",
+        "",
         "### Where one reader thread's time goes",
         "",
         f"One thread reading one epoch with `FileDataset.fetch` (batch {cfg.big_batch}, no tensorflow; best of "
@@ -539,7 +562,10 @@ def report(cfg: Config, res: dict[str, Any]) -> str:
                    [[name, f"{ms:,.0f}", f"{n:,}", f"{gap:,.1f}"] for name, (ms, n, gap) in res["gil"].items()]),
         "",
         "The copy of the direct read path, the zero-fill of the padding and gzip's inflate let Python run "
-        "meanwhile; the control stops it for the whole call.",
+        "meanwhile; the control stops it for the whole call. Note the zero-fill's duration: 256 separate 1 MiB "
+        "fills, each GIL-free, but between two of them the filling thread must take the GIL back from the Python "
+        "loop, which keeps it up to the interpreter's 5 ms switch interval. Many short GIL-free calls separated "
+        "by Python pay that hand-over each time: the effect that limits two reader threads (above).",
         "",
         "<details><summary>cProfile of one thread's reads (top functions by own time)</summary>",
         "",
@@ -551,14 +577,19 @@ def report(cfg: Config, res: dict[str, Any]) -> str:
         "### from_generator changes the process's malloc",
         "",
         "Once a `from_generator` dataset has run, tensorflow has set glibc's `M_TRIM_THRESHOLD` to 128 kB for the "
-        "whole process (it logs 'Memory patch applied'), which also freezes the mmap threshold: every batch buffer "
-        "is then a fresh mapping, faulted in page by page. The same h5store pipelines, measured again in this "
-        "process after one:",
+        "whole process (it logs 'Memory patch applied'), which also freezes malloc's mmap threshold: large "
+        "buffers freed and allocated again can then be fresh mappings, faulted in page by page. The same h5store "
+        "pipelines, measured again in this process after one:",
         "",
-        table({**{k: small[k] for k in ("T calls=2", "N threads=2") if k in small}, **res["patched"]}),
+        table({**{k: small[k] for k in ("T calls=2", "N threads=2", "N threads=2 (no buffer pool)") if k in small},
+               **res["patched"]}),
         "",
-        "h5store's own `interleave` does not use from_generator for this reason; the baseline (G) runs in a child "
-        "process so that it does not slow the pipelines measured after it.",
+        "h5store's threaded pipelines take their batch buffers from a `BufferPool` (buffers reused once nothing "
+        "refers to them), so their pages stay mapped whatever malloc does; the row without the pool allocates a "
+        "new buffer per batch, as most code does: compare its page faults before and after (how many depends on "
+        "the sizes malloc sees, so it varies between runs: up to several hundred per batch were measured here). "
+        "h5store's own `interleave` does not use from_generator; the baseline (G) runs in a child process so that "
+        "it does not change the malloc of the process measuring the others.",
     ]
     return "\n".join(lines)
 
@@ -589,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         small = {"G from_generator": baseline.run,
                  **tf_pipes(f, "mel", cfg.small_batch, cfg, {"T calls=1": 1, "T calls=2": 2, "T calls=AUTOTUNE": -1}),
-                 **numpy_pipes(f, "mel", cfg.small_batch, cfg, [1, 2])}
+                 **numpy_pipes(f, "mel", cfg.small_batch, cfg, [1, 2]),
+                 **numpy_pipes(f, "mel", cfg.small_batch, cfg, [2], pool=False)}
         res["small"] = rounds(small, cfg, f"batch {cfg.small_batch}")
     finally:
         baseline.close()
@@ -604,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         res["profile"] = read_profile(f, cfg.big_batch, cfg.repeat)
     with C.step("GIL probe"):
         res["gil"] = gil_probe(path, cfg.quick)
-    res["patched"] = malloc_patch_cost(f, cfg, {"T calls=2", "N threads=2"})
+    res["patched"] = malloc_patch_cost(f, cfg, {"T calls=2", "N threads=2", "N threads=2 (no buffer pool)"})
     res["load"] = (load0, os.getloadavg()[0])
     text = report(cfg, res)
     print(text)
