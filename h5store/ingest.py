@@ -320,8 +320,10 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     resume : bool
         Continue an interrupted create from its partial file, loading only what it lacks.
     on_error : {"skip", "raise"}
-        "skip" stores every good source and reports the others; "raise" stops at the first
-        failure with a :class:`~h5store.errors.SourceError` naming it, publishing nothing.
+        "skip" stores every good source and reports the others. "raise" publishes nothing
+        when any source fails: every source is still tried, then one
+        :class:`~h5store.errors.SourceError` lists all the bad ones (``.failures``). The good
+        ones stay in the partial file, so ``resume=True`` after a fix loads only what failed.
     progress : bool
         Show a tqdm bar (items, items/s, ETA, failures so far).
     root : str, optional
@@ -395,8 +397,6 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         prepared[name] = feat.prepare(accepted, old_feats.get(name))
     if have is not None:
         have.close()
-    if on_error == "raise" and report.failures:
-        raise SourceError(f"{report.failures[0]}")
     out = cls(partial, mode="a")
     out._learn(prepared)
     bar = tqdm(total=len(work), unit="item", disable=not progress, dynamic_ncols=True,
@@ -411,8 +411,6 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
                 if items is None:
                     src = str(seen[id])
                     report.failures.extend(Failure(id, n, t, m, src) for n, t, m in failed)
-                    if on_error == "raise":
-                        raise SourceError(f"{src}: {failed[0][0]}: {failed[0][1]}: {failed[0][2]}")
                 else:
                     good.append((id, items))
                     sums.append(crcs)
@@ -429,6 +427,10 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         t0 = time.perf_counter()
         _store_failures(out, report.failures)
         out.close()
+        if on_error == "raise" and report.failures:
+            # Every source was tried, so the error lists them all; the good ones stay committed
+            # in the partial file, and resume=True after fixing the bad ones loads only those.
+            raise _raise_error(path, report)
         _fsync_file(partial)
         os.replace(partial, path)
         _fsync_dir(path)
@@ -442,6 +444,19 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     result = cls(path, mode="r")
     result.report = report  # type: ignore[attr-defined]
     return result
+
+
+def _raise_error(path: str, report: IngestReport) -> SourceError:
+    """on_error="raise": one error that lists every bad source (``.failures`` holds them)."""
+    fails = report.failures
+    lines = "\n".join(f"  {f.source} [{f.feature}] {f.error}: {f.message}" for f in fails)
+    err = SourceError(
+        f"{len(fails)} of {report.n_sources} sources failed; {path} was not written "
+        f"(fix them and run again with resume=True to load only what is missing):\n{lines}"
+    )
+    err.failures = list(fails)  # type: ignore[attr-defined]
+    err.report = report  # type: ignore[attr-defined]
+    return err
 
 
 def _open_existing(cls: type[TypedFile], partial: str) -> TypedFile | None:

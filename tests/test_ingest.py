@@ -102,13 +102,43 @@ def test_bad_sources_are_reported_and_the_rest_stored(tmp_path, capsys):
     assert capsys.readouterr().err == ""  # progress=False is silent
 
 
-def test_on_error_raise_names_the_source_and_publishes_nothing(tmp_path):
-    write_corpus(tmp_path / "src", extra={"bad/boom.txt": "boom"})
+def test_on_error_raise_lists_every_bad_source_and_publishes_nothing(tmp_path):
+    bad = {"bad/boom.txt": "boom", "bad/nan.txt": "1 nan", "bad/crash.txt": "crash",
+           "spk_b/twin.txt": "1", "spk_b/twin.TXT": "2"}
+    expected = write_corpus(tmp_path / "src", extra=bad)
     target = tmp_path / "out.h5"
     target.write_bytes(b"previous file")
-    with pytest.raises(h5s.SourceError, match="boom.txt"):
-        Nums.create(target, tmp_path / "src", n_workers=1, on_error="raise", progress=False)
+    with pytest.raises(h5s.SourceError) as info:
+        Nums.create(target, tmp_path / "src", n_workers=2, on_error="raise", progress=False)
+    err = info.value
+    # Every bad source, not only the first: a worker crash and a duplicate id included.
+    assert {f.id for f in err.failures} == {"bad/boom", "bad/nan", "bad/crash", "spk_b/twin"}
+    for name in ("boom.txt", "nan.txt", "crash.txt", "twin"):
+        assert name in str(err)
+    assert str(err).startswith(f"4 of {len(expected) + 5} sources failed; {target} was not written")
     assert target.read_bytes() == b"previous file"
+    # The good sources were kept in the partial file: after the fix, resume loads only the others.
+    for rel in ("bad/boom.txt", "bad/nan.txt", "bad/crash.txt", "spk_b/twin.TXT"):
+        (tmp_path / "src" / rel).unlink()
+    with Nums.create(target, tmp_path / "src", n_workers=1, on_error="raise", resume=True, progress=False) as f:
+        assert f.report.n_skipped == len(expected) + 1 and f.report.n_stored == 0
+        assert sorted(f.ids) == sorted([*expected, "spk_b/twin"])
+        for i, v in expected.items():
+            np.testing.assert_array_equal(f.nums[i], v)
+
+
+def test_on_error_raise_from_the_cli_is_a_clear_error(tmp_path):
+    write_corpus(tmp_path / "src", extra={"bad/boom.txt": "boom", "bad/nan.txt": "1 nan"})
+    out = subprocess.run(
+        [sys.executable, "-m", "h5store.cli", "create", "tests.ingest_schemas:Nums", str(tmp_path / "o.h5"),
+         str(tmp_path / "src"), "--workers", "1", "--on-error", "raise", "--quiet"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    assert out.stderr.startswith("h5store: error: 2 of 14 sources failed")
+    assert "boom.txt" in out.stderr and "nan.txt" in out.stderr
+    assert not (tmp_path / "o.h5").exists()
 
 
 def test_interrupted_create_leaves_previous_file_and_resumes(tmp_path):
