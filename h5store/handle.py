@@ -11,6 +11,14 @@ place a writer takes an exclusive ``flock`` on the file (held by its own descrip
 h5py closing its descriptor never drops it), and a second writer fails fast with
 :class:`~h5store.errors.LockedError` naming the holder's pid.
 
+Readers and a writer at the same time: the writer changes committed bytes only inside a
+commit, under the journal's commit lock (:class:`~h5store.journal.CommitLock`), and
+publishes a commit counter in its ``<file>.writer`` note. A reader opens the file through
+its own :class:`~h5store.journal.ReadOnlyFile` (HDF5 would otherwise share one stale
+metadata cache between opens of the path in a process) and reads HDF5 metadata only inside
+:meth:`FileHandle.reading`, which holds the shared commit lock and reopens the file when a
+commit happened since it was opened (``generation`` counts those reopens).
+
 A writable handle inherited by a forked child is neutralised in the child: its
 descriptor is pointed at ``/dev/null`` (measured here: a child closing an inherited
 writable handle corrupted the file 40/40 times; with the redirect 0/40).
@@ -18,18 +26,25 @@ writable handle corrupted the file 40/40 times; with the redirect 0/40).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import fcntl
 import os
+import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import h5py
 
 from h5store.errors import FormatError, LockedError
-from h5store.journal import JournaledFile, has_hot_journal, rollback
+from h5store.journal import CommitLock, JournaledFile, ReadOnlyFile, has_hot_journal, rollback
 
-__all__ = ["FileHandle", "WRITE_MODES"]
+__all__ = ["FileHandle", "WRITE_MODES", "LOCK_TIMEOUT"]
+
+# How long a reader waits for a commit in progress before it gives up (seconds).
+LOCK_TIMEOUT = 60.0
 
 WRITE_MODES = frozenset({"r+", "a", "w", "w-", "x"})
 _MODES = WRITE_MODES | {"r"}
@@ -50,6 +65,23 @@ def _silence_inherited_writers() -> None:
 
 
 os.register_at_fork(after_in_child=_silence_inherited_writers)
+
+
+def _close_at_exit() -> None:
+    # A file HDF5 reads through a Python object must be closed while the interpreter still
+    # runs: closed during the final garbage collection, HDF5 calls back into objects already
+    # torn down (measured: spawned DataLoader workers, and a script that exited on an
+    # exception with a writer open, segfaulting as they exited). A writer left open is
+    # committed, as h5py flushes open files at exit.
+    for handle in [*_readers, *_writable]:
+        if handle._pid == os.getpid():
+            try:
+                handle.close()
+            except Exception:  # noqa: BLE001 - exiting: nothing left to report to
+                pass
+
+
+atexit.register(_close_at_exit)
 
 
 class FileHandle:
@@ -84,6 +116,17 @@ class FileHandle:
         self._pid: int | None = None
         self._lock_fd: int | None = None
         self._journal: JournaledFile | None = None
+        self._reader_file: ReadOnlyFile | None = None
+        self._token: tuple[Any, ...] | None = None
+        self._commits = 0
+        self._session = ""
+        self.generation = 0  # bumped at every (re)open: views rebind their h5py objects
+        self._cond = threading.Condition()  # reading(): threads share one hold of the lock
+        self._inside = 0
+        self._local = threading.local()
+        self._lock: CommitLock | None = None
+        self._stale: list[tuple[h5py.File, ReadOnlyFile]] = []
+        self.lock_timeout = float(options.pop("lock_timeout", LOCK_TIMEOUT))
 
     @property
     def writable(self) -> bool:
@@ -91,7 +134,7 @@ class FileHandle:
 
     # pickling: the recipe, never the handle ---------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "mode": self.mode, "options": self.options}
+        return {"path": self.path, "mode": self.mode, "options": {**self.options, "lock_timeout": self.lock_timeout}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["mode"], **state["options"])  # type: ignore[misc]
@@ -114,6 +157,15 @@ class FileHandle:
             self._file = None
             self._lock_fd = None
             self._journal = None
+            self._reader_file = None
+            self._cond = threading.Condition()  # another thread may have held the parent's
+            self._inside = 0
+            self._local = threading.local()
+            self._lock = None
+            self._stale = []
+        if not self.writable:
+            self._open_reader()
+            return
         mode = self.mode
         created = self.writable and self._take_lock()
         if created and mode == "a":
@@ -133,7 +185,7 @@ class FileHandle:
             # Writes to a committed file go through the rollback journal; so do writes to a
             # file created here, so a crash before its first commit leaves it empty. A plain
             # "w" on an existing file asked for truncation: it is not journaled.
-            target = self._journal = JournaledFile(self.path, fresh=created)
+            target = self._journal = JournaledFile(self.path, fresh=created, on_commit=self._published)
             mode = "w" if created else "r+"
         try:
             if isinstance(target, JournaledFile):
@@ -153,6 +205,133 @@ class FileHandle:
         self._pid = os.getpid()
         (_writable if self.writable else _readers).add(self)
 
+    def _open_reader(self, locked: bool = False, same_as: ReadOnlyFile | None = None) -> None:
+        """Open read-only through a file object of our own, under the shared commit lock.
+
+        ``same_as``: reopen the very file that object reads (a commit happened), even if
+        another file was moved to the path since; only :meth:`close` + open follows the path.
+        """
+        if same_as is None and has_hot_journal(self.path):
+            self._recover()
+        try:
+            fobj = ReadOnlyFile(self.path) if same_as is None else ReadOnlyFile.duplicate(same_as)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path}: no such file") from None
+        lock = CommitLock(fobj.fileno(), self.path)
+        try:
+            if os.fstat(fobj.fileno()).st_size == 0:
+                raise FormatError(f"{self.path}: empty file (0 bytes), not an HDF5 file")
+            if not locked:
+                lock.acquire_shared(self.lock_timeout)
+            try:
+                token = self._inode_token(fobj.fileno())
+                f = h5py.File(fobj, "r", **self._h5_options())
+            except OSError as e:
+                raise FormatError(f"{self.path}: not a readable HDF5 file ({_reason(e)})") from None
+            finally:
+                if not locked:
+                    lock.release_shared()
+        except BaseException:
+            fobj.close()
+            raise
+        self._file, self._reader_file, self._token = f, fobj, token
+        self._pid = os.getpid()
+        self.generation += 1
+        _readers.add(self)
+
+    def commit_token(self) -> tuple[Any, ...]:
+        """What identifies the last commit at the path: the writer's note, or the file itself.
+
+        A writer rewrites its note (session and commit counter) at every commit, under the
+        commit lock; between commits it changes no committed byte, even while it adds data
+        past them. Without a writer, the file's inode, size and mtime say whether it changed
+        (a file moved to the path, as a finished create does, is another inode).
+        """
+        return _token(self.path, os.stat(self.path))
+
+    def _inode_token(self, fd: int) -> tuple[Any, ...]:
+        # The same for the file this reader has open, wherever the path points now.
+        st = os.fstat(fd)
+        try:
+            same = os.stat(self.path).st_ino == st.st_ino
+        except FileNotFoundError:
+            same = False
+        return _token(self.path, st) if same else ("idle", st.st_ino, st.st_size, st.st_mtime_ns)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[h5py.File]:
+        """Hold the shared commit lock around a read of HDF5 metadata or chunks.
+
+        Reopens the file first when a writer committed since it was opened (HDF5's cached
+        metadata would no longer match the file). A writable handle reads its own state.
+        Threads share one hold of the lock; an old open stays open until none uses it, and
+        a waiting writer is let in between reads rather than starved by overlapping ones.
+        """
+        f = self.file
+        if self.writable or getattr(self._local, "depth", 0):
+            yield f  # a writer reads its own state; a nested call is already covered
+            return
+        with self._cond:
+            while self._inside and self._lock is not None and self._lock.writer_waiting():
+                self._cond.wait(0.005)
+            if not self._inside:
+                self._enter()
+            self._inside += 1
+            self._local.depth = 1
+        try:
+            yield self._file  # type: ignore[misc]
+        finally:
+            with self._cond:
+                self._local.depth = 0
+                self._inside -= 1
+                if not self._inside:
+                    self._leave()
+                    self._cond.notify_all()
+
+    def _enter(self) -> None:
+        """First reader in: take the shared lock; reopen if a commit happened since the open."""
+        assert self._reader_file is not None
+        lock = self._lock = CommitLock(self._reader_file.fileno(), self.path)
+        lock.acquire_shared(self.lock_timeout)
+        if has_hot_journal(self.path) and not _writer_alive(self.path):
+            lock.release_shared()  # the rollback needs the lock exclusively
+            self._recover()
+            lock.acquire_shared(self.lock_timeout)
+        try:
+            if self._inode_token(self._reader_file.fileno()) != self._token:
+                # Open the new commit of the same file; the old open stays (and keeps its
+                # lock) until the last reader leaves: other threads may be reading through
+                # it. Views holding h5py objects of it rebind when ``generation`` changes.
+                old = (self._file, self._reader_file)
+                self._open_reader(locked=True, same_as=self._reader_file)
+                self._stale.append(old)  # type: ignore[arg-type]
+                assert self._reader_file is not None
+                self._lock = CommitLock(self._reader_file.fileno(), self.path)
+                self._lock.join_shared()
+        except BaseException:
+            lock.release_shared()
+            raise
+
+    def _leave(self) -> None:
+        if self._lock is not None:
+            self._lock.release_shared()
+        for f, fobj in self._stale:
+            f.close()
+            fobj.close()  # drops the lock held through it
+        self._stale = []
+
+    def _published(self) -> None:
+        """The journal's commit point: publish the new commit counter for readers."""
+        self._commits += 1
+        try:
+            fd = os.open(_holder_path(self.path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, f"pid {os.getpid()}\nsession {self._session}\ncommit {self._commits}\n".encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass  # readers then see an unchanged note; they still read a consistent commit
+
     def _h5_options(self) -> dict[str, Any]:
         opts = dict(self.options)
         if self.writable:
@@ -166,6 +345,8 @@ class FileHandle:
 
     def _recover(self) -> None:
         """A reader found a hot journal: roll it back if its writer is dead."""
+        if _writer_alive(self.path):
+            return  # its transaction in progress: the committed bytes are intact
         try:
             fd = os.open(self.path, os.O_RDWR)
         except OSError:
@@ -209,8 +390,10 @@ class FileHandle:
                 "(readers may open it with mode='r' at any time)"
             ) from None
         self._lock_fd = fd
+        self._session = os.urandom(8).hex()
+        self._commits = 0
         try:
-            Path(_holder_path(self.path)).write_text(f"pid {os.getpid()}\n")
+            Path(_holder_path(self.path)).write_text(f"pid {os.getpid()}\nsession {self._session}\ncommit 0\n")
         except OSError:
             pass  # the lock holds without the note; the message will be vaguer
         return not existed
@@ -274,13 +457,19 @@ class FileHandle:
         """Commit and close this process's handle (a later access reopens it)."""
         if self._file is not None and self._pid == os.getpid():
             if self._file.id.valid:
-                if self.writable:
-                    self.flush()
-                self._file.close()
+                self._file.close()  # HDF5 writes everything it holds
             if self._journal is not None:
-                self._journal.commit()  # what HDF5 wrote while closing
+                self._journal.commit()  # one commit for all of it
                 self._journal.close()
                 self._journal = None
+            if self._reader_file is not None:
+                self._reader_file.close()
+                self._reader_file = None
+            for f, fobj in self._stale:
+                f.close()
+                fobj.close()
+            self._stale = []
+            self._lock = None
             self._release_lock()
         self._file = None
         self._pid = None
@@ -298,13 +487,40 @@ def _is_empty(path: str) -> bool:
         return False  # absent: h5py reports it
 
 
+def _token(path: str, st: os.stat_result) -> tuple[Any, ...]:
+    try:
+        fd = os.open(_holder_path(path), os.O_RDONLY)
+    except FileNotFoundError:
+        return ("idle", st.st_ino, st.st_size, st.st_mtime_ns)
+    try:
+        return ("writer", st.st_ino, os.read(fd, 256))
+    finally:
+        os.close(fd)
+
+
+def _writer_alive(path: str) -> bool:
+    """Whether a writer holds the file (its exclusive flock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops the probe's shared flock, if it got one
+
+
 def _holder_path(path: str) -> str:
     return path + ".writer"
 
 
 def _read_holder(path: str) -> str:
     try:
-        return Path(_holder_path(path)).read_text().strip() or "another process"
+        lines = Path(_holder_path(path)).read_text().splitlines()  # "pid N", session, commit
+        return lines[0].strip() if lines and lines[0].strip() else "another process"
     except OSError:
         return "another process"
 

@@ -25,11 +25,12 @@ three readers, chosen once per process:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ import h5py
 import numpy as np
 
 from h5store.errors import CorruptRecordError, FormatError, ReadOnlyError, SchemaError
+from h5store.handle import FileHandle
 from h5store.layout import ReadPlan, gather, grow_capacity, plan_reads
 from h5store.refs import Refs
 
@@ -63,6 +65,11 @@ LAYOUTS = ("fixed", "ragged", "blobs")
 COMPRESSIONS = (None, "gzip", "lzf")
 _CHUNK_BYTES = 1 << 19  # ~512 KiB chunks: large sequential reads, modest waste in small files
 _SPILL_BYTES = 32 << 20  # pending rows are written in blocks of this size
+# Whole chunks at least this large are written with H5Dwrite_chunk, straight from the staging
+# buffer: no copy into HDF5's chunk cache and no selection machinery (half the CPU per byte of
+# a hyperslab write). Smaller chunks go through one hyperslab write per spill, which beats a
+# Python call per chunk.
+_DIRECT_CHUNK_BYTES = 64 << 10
 _INDEX_CHUNK = 1 << 13
 
 
@@ -210,8 +217,12 @@ class DirectReader:
 
     ``pieces`` maps row ranges to file offsets: ``starts`` (the first row of each piece,
     increasing) and ``offsets`` (its byte offset); a piece holds ``piece_rows`` rows
-    (contiguous data is a single piece).
+    (contiguous data is a single piece). The offsets stay right while a writer appends:
+    an unfiltered chunk never moves, and committed rows are never rewritten with other
+    bytes, so these reads need neither HDF5 nor the commit lock (``stable``).
     """
+
+    stable = True
 
     def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, starts: np.ndarray,
                  offsets: np.ndarray, piece_rows: int) -> None:
@@ -314,7 +325,12 @@ def _close_fd(fd: int, pid: int) -> None:
 class H5Reader:
     """Reads through h5py, one ``read_direct`` per coalesced run."""
 
+    stable = False  # HDF5 reads chunk addresses: under the commit lock, rebound after a commit
+
     def __init__(self, ds: h5py.Dataset) -> None:
+        self.ds = ds
+
+    def rebind(self, ds: h5py.Dataset) -> None:
         self.ds = ds
 
     def read_runs(self, plan: ReadPlan) -> np.ndarray:
@@ -335,6 +351,8 @@ class H5Reader:
 
 class MemoryReader:
     """Reads from an array already in memory (shared with forked or spawned workers)."""
+
+    stable = True
 
     def __init__(self, array: np.ndarray) -> None:
         self.array = array
@@ -409,24 +427,26 @@ class Column:
     ``where`` names the file, group and column in error messages.
     """
 
-    def __init__(self, g: h5py.Group, spec: ColumnSpec, where: str, writable: bool, path: str) -> None:
+    def __init__(self, g: h5py.Group, spec: ColumnSpec, where: str, writable: bool, path: str,
+                 handle: FileHandle | None = None) -> None:
         self.g = g
         self.spec = spec
         self.where = where
         self.writable = writable
         self.path = path
-        try:
-            self.data: h5py.Dataset = g["data"]
-            self._index_ds: h5py.Dataset = _open_table(g, "index")
-            self._checksum_ds: h5py.Dataset = _open_table(g, "checksum")
-            self._frames_ds: h5py.Dataset | None = _open_table(g, "frames") if spec.layout == "blobs" else None
-        except KeyError as e:
-            raise FormatError(f"{where}: missing dataset ({e})") from None
+        # A reader's h5py objects belong to one open of the file (``handle.generation``); a
+        # reader reads metadata only inside ``handle.reading()`` and rebinds after a reopen.
+        self._handle = None if writable else handle
+        self._gen = handle.generation if handle is not None else 0
+        self._gpath = g.name  # kept as text: an h5py object of a closed file has no name
+        self._bind(g)
+        self._items: int | None = None  # a reader's snapshot: rows of index and checksum
         if self.data.dtype != spec.np_dtype or tuple(self.data.shape[1:]) != spec.inner:
             raise FormatError(
                 f"{where}: data is {self.data.dtype}{tuple(self.data.shape[1:])}, the schema says "
                 f"{spec.np_dtype}{spec.inner}"
             )
+        self._frames_n = self._frames_ds.shape[0] if self._frames_ds is not None else 0
         self._index: np.ndarray | None = None
         self._checksum: np.ndarray | None = None
         self._frames: np.ndarray | None = None
@@ -434,27 +454,64 @@ class Column:
         self._reader_pid = -1
         # writer state
         self._size = int(self.data.shape[0])  # logical rows, pending included
-        self._pending: list[np.ndarray] = []
-        self._pending_bytes = 0
+        # Appended rows not written yet: the last ``_staged`` rows of ``data`` (rows
+        # ``[_size - _staged, _size)``) sit at the front of one reused buffer, each copied once.
+        self._stage: np.ndarray | None = None
+        self._staged = 0
+        self._direct_rows: int | None = None  # rows per directly written chunk (0: never), once known
         self._pending_frames: list[np.ndarray] = []
         self._dirty_from: int | None = None
 
-    # ---------------------------------------------------------------- tables
-    def _read_table(self, ds: h5py.Dataset, what: str) -> np.ndarray:
-        """A whole table, refused (not allocated) when it declares more bytes than the file holds."""
-        nbytes = ds.dtype.itemsize * int(np.prod(ds.shape, dtype=object))
-        if nbytes > ds.file.id.get_filesize() + (1 << 20):
-            raise CorruptRecordError(f"{self.where}: {what} declares {ds.shape} rows, more than the file holds")
+    def _bind(self, g: h5py.Group) -> None:
+        self.g = g
         try:
-            return ds[...]
-        except (OSError, RuntimeError, ValueError) as e:  # h5py's words for damaged chunks or B-trees
-            raise CorruptRecordError(f"{self.where}: {what} unreadable ({e})") from None
+            self.data: h5py.Dataset = g["data"]
+            self._index_ds: h5py.Dataset = _open_table(g, "index")
+            self._checksum_ds: h5py.Dataset = _open_table(g, "checksum")
+            self._frames_ds: h5py.Dataset | None = _open_table(g, "frames") if self.spec.layout == "blobs" else None
+        except KeyError as e:
+            raise FormatError(f"{self.where}: missing dataset ({e})") from None
+
+    @contextlib.contextmanager
+    def _h5(self) -> Iterator[None]:
+        """Around every read of HDF5 metadata or chunks: see :meth:`FileHandle.reading`."""
+        h = self._handle
+        if h is None:
+            yield
+            return
+        with h.reading() as f:
+            if h.generation != self._gen:
+                # The file was reopened after a commit: the same objects in the new open.
+                # Everything this reader already holds (tables, direct offsets) stays valid:
+                # committed rows never change or move; only what HDF5 reads is rebound.
+                self._bind(_subgroup(f, self._gpath, self.where))
+                rebind = getattr(self._reader, "rebind", None)
+                if rebind is not None:
+                    rebind(self.data)
+                self._gen = h.generation
+            yield
+
+    # ---------------------------------------------------------------- tables
+    def _read_table(self, name: str, what: str, rows: int | None = None) -> np.ndarray:
+        """A whole table (a reader: its first ``rows``, the snapshot it opened), refused (not
+        allocated) when it declares more bytes than the file holds."""
+        with self._h5():
+            ds: h5py.Dataset = getattr(self, name)
+            nbytes = ds.dtype.itemsize * int(np.prod(ds.shape, dtype=object))
+            if nbytes > ds.file.id.get_filesize() + (1 << 20):
+                raise CorruptRecordError(f"{self.where}: {what} declares {ds.shape} rows, more than the file holds")
+            if rows is not None and ds.shape[0] < rows:
+                raise CorruptRecordError(f"{self.where}: {what} has {ds.shape[0]} rows, {rows} expected")
+            try:
+                return ds[...] if rows is None or self.writable else ds[:rows]
+            except (OSError, RuntimeError, ValueError) as e:  # h5py's words for damaged chunks or B-trees
+                raise CorruptRecordError(f"{self.where}: {what} unreadable ({e})") from None
 
     @property
     def index(self) -> np.ndarray:
         """``(N, 2)`` int64 ``[start, stop)`` per item, validated once when first read."""
         if self._index is None:
-            idx = self._read_table(self._index_ds, "index")
+            idx = self._read_table("_index_ds", "index", self._items)
             self._validate_index(idx)
             self._index = idx
         return self._index
@@ -462,7 +519,7 @@ class Column:
     @property
     def checksums(self) -> np.ndarray:
         if self._checksum is None:
-            c = self._read_table(self._checksum_ds, "checksum")
+            c = self._read_table("_checksum_ds", "checksum", self._items)
             if len(c) != len(self.index):
                 raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(self.index)}")
             self._checksum = c
@@ -472,7 +529,7 @@ class Column:
     def frames(self) -> np.ndarray:
         if self._frames is None:
             assert self._frames_ds is not None
-            fr = self._read_table(self._frames_ds, "frames")
+            fr = self._read_table("_frames_ds", "frames", None if self.writable else self._frames_n)
             self._check_ranges(fr, int(self.data.shape[0]), "frames")
             self._frames = fr
         return self._frames
@@ -519,13 +576,14 @@ class Column:
     def reader(self) -> Reader:
         if self._reader is None or (self._reader_pid != os.getpid() and not isinstance(self._reader, MemoryReader)):
             self._reader = None
-            if not self.writable:
-                try:
-                    self._reader = DirectReader.for_dataset(self.data, self.path)
-                except (RuntimeError, OSError) as e:  # h5py's text for a damaged chunk B-tree
-                    raise CorruptRecordError(f"{self.where}: unreadable chunk table ({e})") from None
-            if self._reader is None:
-                self._reader = H5Reader(self.data)
+            with self._h5():
+                if not self.writable:
+                    try:
+                        self._reader = DirectReader.for_dataset(self.data, self.path)
+                    except (RuntimeError, OSError) as e:  # h5py's text for a damaged chunk B-tree
+                        raise CorruptRecordError(f"{self.where}: unreadable chunk table ({e})") from None
+                if self._reader is None:
+                    self._reader = H5Reader(self.data)
             self._reader_pid = os.getpid()
         return self._reader
 
@@ -544,7 +602,17 @@ class Column:
         """Rows ``[start, stop)`` of ``data`` for each pair, one planned read for all."""
         self.flush_pending()
         plan = plan_reads(starts, stops, max_gap=max_gap)
-        return gather(plan, self.reader().read_runs(plan))
+        reader = self.reader()
+        if self._handle is not None and not getattr(reader, "stable", False):
+            # Its chunk addresses come from HDF5 and may change at a commit (a rewritten
+            # compressed chunk moves): read under the commit lock, rebound after a commit.
+            with self._h5():
+                return gather(plan, self.reader().read_runs(plan))
+        return gather(plan, reader.read_runs(plan))
+
+    def reading(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the file's commit lock (a reader's h5py objects rebound if a commit happened)."""
+        return self._h5()
 
     def read_items(self, rows: Sequence[int] | np.ndarray, verify: bool = False) -> list[np.ndarray]:
         """Whole items at group ``rows`` (absent rows raise ``KeyError(row)``)."""
@@ -630,6 +698,13 @@ class Column:
     def _mark(self, row: int) -> None:
         self._dirty_from = row if self._dirty_from is None else min(self._dirty_from, row)
 
+    def _new_rows(self, rows: np.ndarray | Sequence[int]) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        stored = self.index[rows, 0] != ABSENT
+        if np.any(stored):
+            raise ValueError(f"{self.where}: item at row {int(rows[np.argmax(stored)])} already stored")
+        return rows
+
     def append(self, rows: np.ndarray, items: Sequence[Any], crcs: Sequence[int] | None = None) -> None:
         """Store ``items`` (already validated arrays, or blob lists) for group ``rows``.
 
@@ -639,48 +714,170 @@ class Column:
         self._need_writable()
         if not len(items):
             return
-        rows = np.asarray(rows, dtype=np.int64)
-        idx = self.index
-        if np.any(idx[rows, 0] != ABSENT):
-            raise ValueError(f"{self.where}: item at row {int(rows[np.argmax(idx[rows, 0] != ABSENT)])} already stored")
+        rows = self._new_rows(rows)
         crc = np.empty(len(items), np.uint32)
         if self.spec.layout == "blobs":
             blobs = [[np.frombuffer(memoryview(b).cast("B"), np.uint8) for b in item] for item in items]
             counts = np.fromiter((len(b) for b in blobs), np.int64, len(blobs))
             flat = [b for item in blobs for b in item]
             sizes = np.fromiter((len(b) for b in flat), np.int64, len(flat))
+            if flat:
+                self._stage_rows(int(sizes.sum()), lambda out: np.concatenate(flat, out=out))
             ends = self._size + np.cumsum(sizes)
             frame_rows = np.stack([ends - sizes, ends], axis=1) if len(flat) else np.zeros((0, 2), np.int64)
             f0 = len(self.frames) + sum(len(p) for p in self._pending_frames)
             fstops = f0 + np.cumsum(counts)
-            idx[rows] = np.stack([fstops - counts, fstops], axis=1)
+            self.index[rows] = np.stack([fstops - counts, fstops], axis=1)
             if crcs is None:
                 for j, item in enumerate(blobs):
                     crc[j] = zlib.crc32(b"".join(item))
             self._pending_frames.append(frame_rows)
-            block = np.concatenate(flat) if flat else np.zeros(0, np.uint8)
+            added = int(sizes.sum())
         else:
+            # Each item is copied once, straight into the staging buffer (converted to the
+            # column's dtype on the way, as a cast of the whole block would).
             if self.spec.layout == "fixed":
-                block = np.stack(items)
                 lengths = np.ones(len(items), np.int64)
+                self._stage_rows(len(items), lambda out: np.stack(items, out=out, casting="unsafe"))
             else:
-                block = np.concatenate(items) if len(items) > 1 else np.asarray(items[0])
                 lengths = np.fromiter((len(x) for x in items), np.int64, len(items))
+                self._stage_rows(int(lengths.sum()), lambda out: np.concatenate(items, out=out, casting="unsafe"))
             stops = self._size + np.cumsum(lengths)
-            idx[rows] = np.stack([stops - lengths, stops], axis=1)
+            self.index[rows] = np.stack([stops - lengths, stops], axis=1)
             if crcs is None:
                 for j, x in enumerate(items):
                     crc[j] = zlib.crc32(np.ascontiguousarray(x))
+            added = int(stops[-1]) - self._size
         if crcs is not None:
             crc[:] = np.asarray(crcs, dtype=np.uint32)
         self.checksums[rows] = crc
         self._mark(int(rows.min()))
-        block = np.ascontiguousarray(block, dtype=self.spec.np_dtype)
-        self._pending.append(block)
-        self._pending_bytes += block.nbytes
-        self._size += len(block)
-        if self._pending_bytes >= _SPILL_BYTES:
-            self.flush_pending()
+        self._add_staged(added)
+
+    def append_rows(self, rows: np.ndarray, lengths: np.ndarray, crcs: np.ndarray,
+                    fill: Callable[[np.ndarray], object]) -> None:
+        """Store items that arrive already concatenated (ragged and fixed layouts).
+
+        The item of group row ``rows[j]`` is ``lengths[j]`` rows (1 for a fixed layout);
+        ``fill(out)`` writes all of them, in order, into ``out``, an uninitialised
+        ``(lengths.sum(), *inner)`` array of the column's dtype (e.g. ``np.copyto`` from a
+        block, or a read from a file). Ingest hands its workers' results over this way: no
+        array per item in the writer, and one copy into the staging buffer. ``crcs`` are the
+        items' :func:`item_crc`. Nothing is stored when ``fill`` raises.
+        """
+        self._need_writable()
+        if self.spec.layout == "blobs":
+            raise SchemaError(f"{self.where}: blob items cannot be appended as rows")
+        if not len(rows):
+            return
+        rows = self._new_rows(rows)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(lengths) != len(rows) or np.any(lengths < 0) or (self.spec.layout == "fixed" and np.any(lengths != 1)):
+            raise ValueError(f"{self.where}: lengths {lengths.tolist()} do not fit {len(rows)} {self.spec.layout} items")
+        stops = self._size + np.cumsum(lengths)
+        added = int(stops[-1]) - self._size
+        self._stage_rows(added, fill)
+        self.index[rows] = np.stack([stops - lengths, stops], axis=1)
+        self.checksums[rows] = np.asarray(crcs, dtype=np.uint32)
+        self._mark(int(rows.min()))
+        self._add_staged(added)
+
+    # Staging: appended rows are copied once into a buffer of _SPILL_BYTES that lives until the
+    # next commit (allocating a fresh block per spill costs a page fault per 4 KiB, about what
+    # the copy itself costs). When it is full, its whole chunks are written and the partial
+    # last chunk stays staged, so during an ingest every chunk is written whole, once, in
+    # order; flush_pending (a read, a commit) writes everything.
+    def _stage_rows(self, n: int, fill: Callable[[np.ndarray], object]) -> None:
+        """Have ``fill`` write ``n`` new rows after the staged ones (not counted until :meth:`_add_staged`)."""
+        need = self._staged + n
+        if self._stage is not None and len(self._stage) < need and self._staged:
+            # Full: write the whole chunks, keep the partial last one, and reuse the buffer.
+            self._write_staged(keep_tail=True)
+            need = self._staged + n
+        old = self._stage
+        if old is None or len(old) < need:
+            # Full size at once: untouched pages cost no memory, so a small column never uses
+            # more than it stages, and growing step by step would fault in fresh pages (and
+            # copy) at every step. One call larger than the spill size gets a buffer of its
+            # own size, dropped once written.
+            size = max(need, self._stage_cap())
+            grown = np.empty((size, *self.spec.inner), dtype=self.spec.np_dtype)
+            if old is not None and self._staged:
+                grown[: self._staged] = old[: self._staged]
+            self._stage = grown
+        fill(self._stage[self._staged : need])
+
+    def _stage_cap(self) -> int:
+        return max(1, _SPILL_BYTES // max(self.spec.row_nbytes, 1))
+
+    def _add_staged(self, n: int) -> None:
+        self._staged += n
+        self._size += n
+
+    def _stage_block(self, block: np.ndarray) -> None:
+        """Stage rows already indexed by the caller (the ids column, whose index is the refs')."""
+        self._need_writable()
+        self._stage_rows(len(block), lambda out: np.copyto(out, block, casting="unsafe"))
+        self._add_staged(len(block))
+
+    def _chunk_rows_direct(self) -> int:
+        """Rows per chunk when whole chunks may be written raw (H5Dwrite_chunk), else 0.
+
+        Only for chunks of whole rows, large enough, with no filter of any kind: the bytes
+        written are then exactly what HDF5 would have stored.
+        """
+        if self._direct_rows is None:
+            ds = self.data
+            chunks = ds.chunks
+            ok = (chunks is not None and tuple(chunks[1:]) == self.spec.inner and ds.dtype == self.spec.np_dtype
+                  and ds.dtype.isnative and ds.id.get_create_plist().get_nfilters() == 0
+                  and chunks[0] * self.spec.row_nbytes >= _DIRECT_CHUNK_BYTES)
+            self._direct_rows = int(chunks[0]) if ok and chunks is not None else 0
+        return self._direct_rows
+
+    def _write_staged(self, keep_tail: bool) -> None:
+        """Write the staged rows; with ``keep_tail``, all but those of a last partial chunk."""
+        n = self._staged
+        start = self._size - n
+        if self.data.shape[0] < self._size:
+            self.data.resize(grow_capacity(self.data.shape[0], self._size, minimum=_chunk_rows(self.spec)), axis=0)
+        buf = self._stage
+        assert buf is not None
+        chunks = self.data.chunks
+        per = int(chunks[0]) if chunks else 1
+        head = min(n, -start % per)  # rows completing a chunk begun by an earlier write
+        body = (n - head) // per * per  # whole chunks
+        if not body:
+            keep_tail = False  # a chunk larger than the spill size: write what there is
+        done = head + body if keep_tail else n
+        direct = self._chunk_rows_direct()
+        if direct and body:
+            if head:
+                self.data.write_direct(buf, np.s_[:head], np.s_[start : start + head])
+            raw = memoryview(buf[head : head + body]).cast("B")
+            step = direct * self.spec.row_nbytes
+            zeros = (0,) * len(self.spec.inner)
+            dsid = self.data.id
+            for k in range(body // direct):
+                dsid.write_direct_chunk((start + head + k * direct, *zeros), raw[k * step : (k + 1) * step])
+            if done > head + body:
+                self.data.write_direct(buf, np.s_[head + body : done], np.s_[start + head + body : start + done])
+        elif done:
+            self.data.write_direct(buf, np.s_[:done], np.s_[start : start + done])
+        self._staged = n - done
+        if len(buf) > self._stage_cap():
+            # A call larger than the spill size grew the buffer: do not keep that memory.
+            self._stage = np.array(buf[done:n]) if self._staged else None
+        elif self._staged:
+            buf[: self._staged] = buf[done:n]  # the partial chunk moves to the front
+        self._merge_frames()
+        self._reader = None
+
+    def _merge_frames(self) -> None:
+        if self._pending_frames:
+            fr = np.concatenate(self._pending_frames)
+            self._pending_frames = []
+            self._frames = np.concatenate([self.frames, fr]) if self._frames is not None or len(fr) else fr
 
     def overwrite(self, row: int, item: np.ndarray) -> None:
         """Replace the stored item at ``row`` by one of the same shape."""
@@ -697,26 +894,19 @@ class Column:
         self._mark(row)
 
     def flush_pending(self) -> None:
-        """Write buffered rows to ``data`` (growing it geometrically)."""
-        if not self._pending:
-            return
-        block = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._pending, self._pending_bytes = [], 0
-        start = self._size - len(block)
-        if self.data.shape[0] < self._size:
-            self.data.resize(grow_capacity(self.data.shape[0], self._size, minimum=_chunk_rows(self.spec)), axis=0)
-        self.data[start : self._size] = block
-        if self._pending_frames:
-            fr = np.concatenate(self._pending_frames)
-            self._pending_frames = []
-            self._frames = np.concatenate([self.frames, fr]) if self._frames is not None or len(fr) else fr
-        self._reader = None
+        """Write staged rows to ``data`` (growing it geometrically)."""
+        if self._staged:
+            self._write_staged(keep_tail=False)
+        elif self._pending_frames:  # blob items without a byte: frames only
+            self._merge_frames()
+            self._reader = None
 
     def flush(self) -> None:
         """Write everything pending and trim ``data`` to its logical length."""
         if not self.writable:
             return
         self.flush_pending()
+        self._stage = None  # a commit point: do not hold up to _SPILL_BYTES per column between commits
         if self.data.shape[0] != self._size:
             self.data.resize(self._size, axis=0)
         if self._frames_ds is not None and self._frames is not None and len(self._frames) != self._frames_ds.shape[0]:
@@ -768,7 +958,8 @@ class GroupStore:
         ``"file.h5:/group"``, for messages.
     """
 
-    def __init__(self, g: h5py.Group, specs: dict[str, ColumnSpec], where: str, writable: bool, path: str) -> None:
+    def __init__(self, g: h5py.Group, specs: dict[str, ColumnSpec], where: str, writable: bool, path: str,
+                 handle: FileHandle | None = None) -> None:
         self.g = g
         self.where = where
         self.writable = writable
@@ -777,7 +968,7 @@ class GroupStore:
                 raise FormatError(f"{where}: group has no ids table")
             create_column(g, IDS, _IDS_SPEC, 0)
         base = where.rstrip("/")
-        self._ids = Column(_subgroup(g, IDS, f"{base}/ids"), _IDS_SPEC, f"{base}/ids", writable, path)
+        self._ids = Column(_subgroup(g, IDS, f"{base}/ids"), _IDS_SPEC, f"{base}/ids", writable, path, handle)
         self._refs: Refs | None = None
         self.columns: dict[str, Column] = {}
         n = int(g[IDS]["index"].shape[0])
@@ -786,9 +977,12 @@ class GroupStore:
                 if not writable:
                     raise FormatError(f"{where}: no column {name!r} in the file")
                 create_column(g, name, spec, n)
-            self.columns[name] = Column(_subgroup(g, name, f"{base}/{name}"), spec, f"{base}/{name}", writable, path)
+            self.columns[name] = Column(_subgroup(g, name, f"{base}/{name}"), spec, f"{base}/{name}", writable, path, handle)
             if self.columns[name]._index_ds.shape[0] != n:
                 raise CorruptRecordError(f"{base}/{name}: index has {self.columns[name]._index_ds.shape[0]} rows for {n} ids")
+        if not writable:
+            for col in (self._ids, *self.columns.values()):
+                col._items = n  # the snapshot this reader sees until refresh()
 
     def tables(self) -> Tables | None:
         """The tables this read-only store has loaded (numpy only, no h5py object), or None."""
@@ -878,10 +1072,8 @@ class GroupStore:
             stops = ids._size + np.cumsum(lengths)
             ids.index[start:] = np.stack([stops - lengths, stops], axis=1)
             ids.checksums[start:] = crc
-            ids._pending.append(data)
-            ids._pending_bytes += data.nbytes
-            ids._size += len(data)
             ids._mark(start)
+            ids._stage_block(data)
         self._ids.flush()
         for col in self.columns.values():
             col.flush()

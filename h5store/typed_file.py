@@ -17,7 +17,11 @@ lazily, read-only, in that process.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -25,12 +29,26 @@ from typing import Any, ClassVar
 import numpy as np
 
 from h5store.access import FeatureView, GroupView, IdsView
-from h5store.errors import FormatError, NotFound, ReadOnlyError, SchemaError
+from h5store.errors import FormatError, H5StoreError, NotFound, ReadOnlyError, SchemaError
 from h5store.handle import FileHandle
 from h5store.schema import Feature, Schema
 from h5store.storage import GroupStore, Tables, check_root, init_root
 
 __all__ = ["TypedFile", "open"]
+
+# Writable files open in this process: committed at interpreter exit, buffered rows included,
+# as h5py flushes open files at exit (a script ending without close() keeps its records).
+_open_writers: weakref.WeakSet[TypedFile] = weakref.WeakSet()
+
+
+def _commit_at_exit() -> None:
+    for f in list(_open_writers):
+        if f._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                f.close()
+
+
+atexit.register(_commit_at_exit)  # runs before handle.py's hook (atexit is last in, first out)
 
 
 def _version() -> str:
@@ -96,6 +114,7 @@ class TypedFile:
         self._schema: Schema = type(self).schema
         self._groups: dict[str, GroupView] = {}
         self._inherited: dict[str, Tables] = {}  # a read-only parent's tables, after a fork
+        self._snapshot: tuple[Any, ...] | None = None
         self._pid = -1
 
     # -- opening -------------------------------------------------------------
@@ -112,7 +131,25 @@ class TypedFile:
             # Forked: the parent's views hold h5py objects this process must not use, and
             # numpy tables it may share; keep the tables for group() to adopt.
             self._inherited = {n: t for n, v in self._groups.items() if (t := v.store.tables()) is not None}
-        f = h.file
+        with h.reading() as f:  # a reader reads metadata under the commit lock
+            self._open_file(f)
+            self._snapshot = h._token  # the commit this reader's tables describe
+            if not h.writable:
+                # Every group's snapshot is this open's commit, also of groups first read
+                # later: their row counts are taken now (the tables, read lazily, are cut
+                # to them). A damaged group reports its error when it is used.
+                for name in self._schema.groups:
+                    with contextlib.suppress(H5StoreError, OSError, KeyError):
+                        self.group(name)
+        if h.writable:
+            _open_writers.add(self)
+            # Every group and feature the stored schema lists must exist in the file, also
+            # those nothing was written to (a reader refuses a listed but missing group).
+            for name in self._schema.groups:
+                self.group(name)
+
+    def _open_file(self, f: Any) -> None:
+        h = self._handle
         self._groups = {}
         path = h.path
         if self._untrusted:
@@ -137,11 +174,6 @@ class TypedFile:
             if h.writable and self._schema.to_dict()["groups"] != stored.to_dict()["groups"]:
                 init_root(f, self._schema.to_dict(), _version())
         self._pid = os.getpid()
-        if h.writable:
-            # Every group and feature the stored schema lists must exist in the file, also
-            # those nothing was written to (a reader refuses a listed but missing group).
-            for name in self._schema.groups:
-                self.group(name)
 
     @staticmethod
     def _merge(stored: Schema, declared: Schema, path: str, writable: bool) -> Schema:
@@ -189,7 +221,7 @@ class TypedFile:
         init_root(self._handle.file, self._schema.to_dict(), _version())
 
     # -- pickling: the recipe ------------------------------------------------
-    _INTERNAL = frozenset({"_handle", "_schema", "_groups", "_pid", "_inherited", "_untrusted"})
+    _INTERNAL = frozenset({"_handle", "_schema", "_groups", "_pid", "_inherited", "_untrusted", "_snapshot"})
 
     def __getstate__(self) -> dict[str, Any]:
         h = self._handle
@@ -235,17 +267,18 @@ class TypedFile:
             if name not in self._schema.groups:
                 raise NotFound(f"{self.path}: no group {name!r} (groups: {sorted(g for g in self._schema.groups if g)})")
             feats = self._schema.groups[name]
-            f = self._handle.file
             where = f"{self.path}:/{name}"
-            if name and name not in f:
-                if not self.writable:
-                    raise FormatError(f"{where}: group missing from the file")
-                f.create_group(name)
-            try:
-                g = f[name] if name else f
-            except (KeyError, OSError) as e:  # h5py: "Unable to open object (incorrect metadata checksum ...)"
-                raise FormatError(f"{where}: group unreadable ({e})") from None
-            store = GroupStore(g, {n: ft.spec() for n, ft in feats.items()}, where, self.writable, self.path)
+            with self._handle.reading() as f:
+                if name and name not in f:
+                    if not self.writable:
+                        raise FormatError(f"{where}: group missing from the file")
+                    f.create_group(name)
+                try:
+                    g = f[name] if name else f
+                except (KeyError, OSError) as e:  # h5py: "Unable to open object (incorrect metadata checksum ...)"
+                    raise FormatError(f"{where}: group unreadable ({e})") from None
+                store = GroupStore(g, {n: ft.spec() for n, ft in feats.items()}, where, self.writable, self.path,
+                                   self._handle)
             tables = self._inherited.pop(name, None)
             if tables is not None:
                 store.adopt(tables)
@@ -353,12 +386,94 @@ class TypedFile:
     def close(self) -> None:
         """Flush and close this process's handle."""
         if self._pid == os.getpid() and self._handle.is_open:
-            self.flush()
+            if self.writable:
+                for view in self._groups.values():
+                    view.store.flush()  # the handle's close commits it, with HDF5's last writes
             for view in self._groups.values():
                 view.store.close_readers()
         self._handle.close()
         self._groups = {}
         self._pid = -1
+
+    def refresh(self) -> int:
+        """See what writers committed since this file was opened or last refreshed.
+
+        A read-only file is a snapshot: its ids, index tables and reads stay those of the
+        commit it opened, however much a writer appends meanwhile (the writer never changes
+        committed bytes outside its commit, and never moves them). ``refresh()`` moves the
+        snapshot to the latest commit. Views taken before keep working on the old snapshot.
+
+        Returns
+        -------
+        int
+            How many ids the root group gained (0 for a writable file, which sees its own).
+
+        Examples
+        --------
+        >>> log = h5s.open("train_log.h5")  # doctest: +SKIP
+        >>> log.refresh()  # doctest: +SKIP
+        50
+        """
+        if self.writable:
+            return 0
+        before = len(self) if self._pid == os.getpid() and self._handle.is_open else None
+        self._handle.close()
+        self._groups = {}
+        self._inherited = {}
+        self._pid = -1
+        self._ensure_open()
+        return len(self) - before if before is not None else 0
+
+    def changed(self) -> bool:
+        """Whether a writer committed since this snapshot (a cheap check: no lock, no read)."""
+        h = self._handle
+        return not h.writable and self._pid == os.getpid() and h.commit_token() != self._snapshot
+
+    def tail(self, start: int | None = None, timeout: float | None = None, poll: float = 0.1,
+             group: str = "") -> Iterator[str]:
+        """Follow a file that a writer is appending to: yield each id once it is committed.
+
+        The live-tail mode for watching training logs: the reader polls the writer's commit
+        counter (a few system calls), refreshes when it moved, and yields the new ids in the
+        order they were added. Only committed records are ever seen, whole, every feature
+        of them; reads wait at most ``lock_timeout`` for a commit in progress.
+
+        Parameters
+        ----------
+        start : int, optional
+            The first position to yield (default: the current end, only new ids; 0 replays
+            the whole group first).
+        timeout : float, optional
+            Stop after this many seconds without a new commit (default: follow forever).
+        poll : float
+            Seconds between checks for a new commit.
+        group : str
+            The group to follow ("" is the root group).
+
+        Examples
+        --------
+        >>> log = h5s.open("train_log.h5")  # doctest: +SKIP
+        >>> for id in log.tail(timeout=60):  # doctest: +SKIP
+        ...     print(id, log.loss[id])
+        """
+        if self.writable:
+            raise ReadOnlyError(f"{self.path}: tail() follows a writer from a read-only open (mode 'r')")
+        seen = len(self.group(group)) if start is None else start
+        quiet_since = time.monotonic()
+        while True:
+            if self.changed():
+                self.refresh()
+            ids = self.group(group).ids
+            n = len(ids)
+            if n > seen:
+                for i in range(seen, n):
+                    yield ids[i]
+                seen = n
+                quiet_since = time.monotonic()
+            elif timeout is not None and time.monotonic() - quiet_since > timeout:
+                return
+            else:
+                time.sleep(poll)
 
     def __enter__(self) -> TypedFile:
         return self

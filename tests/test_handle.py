@@ -217,10 +217,12 @@ def test_fork_child_shares_the_parents_tables_unless_the_file_changed(tmp_h5: Pa
         assert out.returncode == 0, out.stderr
         status, child = run_child("fork", child_tables, f)
         assert status == "ok", child
-        # While the parent holds the file open, HDF5 in the child reuses the parent's open file
-        # (its metadata included): the child sees the parent's snapshot, consistently.
-        assert (child["refs"], child["index"]) == (refs_id, index_id)
-        assert child["n"] == 20 and child["last"] == "utt-019" and len(f) == 20
+        # The file changed since the parent read its tables: the child opens the file afresh
+        # (never HDF5's stale copy of the parent's metadata) and reads the new commit; the
+        # parent keeps its snapshot until refresh().
+        assert (child["refs"], child["index"]) != (refs_id, index_id)
+        assert child["n"] == 21 and child["last"] == "appended" and child["found"] == 20
+        assert len(f) == 20
     finally:
         f.close()
     with Speech(tmp_h5) as g:  # reopened: the appended item is there
@@ -324,3 +326,27 @@ def test_forked_child_of_a_writer_does_not_corrupt_the_file(tmp_h5: Path) -> Non
             assert x.shape == (i % 7 + 1, 16) and float(x[0, 0]) == i
         assert [int(v) for v in f.logs.step] == list(range(n))
         assert f.h5["x/index"].shape == (n, 2) and f.h5["x/data"].shape[0] == sum(i % 7 + 1 for i in range(n))
+
+
+EXIT_OPEN = """
+import sys, numpy as np
+from tests.test_handle import Speech
+w = Speech(sys.argv[1], "a")
+w.add("kept", dict(mel=np.ones((2, 8)), text="at exit"))  # buffered, never flushed or closed
+r = Speech(sys.argv[1])                                      # a reader left open too
+len(r)
+raise SystemExit(0 if sys.argv[2] == "exit" else "error: the script failed")
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "error"])
+def test_files_left_open_at_exit_are_committed_and_closed_cleanly(tmp_h5: Path, how: str) -> None:
+    # HDF5 reads through Python file objects: closed only by the final garbage collection,
+    # they crashed the interpreter on its way out. Open writers are committed, as h5py does.
+    build(tmp_h5)
+    out = subprocess.run([sys.executable, "-c", EXIT_OPEN, str(tmp_h5), how], capture_output=True, text=True,
+                         timeout=TIMEOUT, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == (0 if how == "exit" else 1), out.stderr
+    with Speech(tmp_h5) as f:
+        assert f.text["kept"] == "at exit" and len(f) == 21
+    assert not Path(f"{tmp_h5}-journal").exists() and not Path(f"{tmp_h5}.writer").exists()

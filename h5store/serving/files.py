@@ -212,7 +212,8 @@ class FileSet:
             if shared is not None:
                 col.use_memory(shared.array)
             elif col.spec.layout == "fixed" and col.data.size * col.data.dtype.itemsize <= _SMALL_BYTES:
-                col.use_memory(col.data[...])
+                with col.reading():
+                    col.use_memory(col.data[...])
             self._cols[(k, name)] = col
         return col
 
@@ -266,8 +267,10 @@ class FileSet:
         for k in range(len(self.files)):
             if (k, name) in self._shared:
                 continue
-            ds = self.column(k, name).data
-            shared = SharedArray(ds.shape, ds.dtype, lambda out, ds=ds: _copy_dataset(ds, out))
+            col = self.column(k, name)
+            with col.reading():
+                ds = col.data
+                shared = SharedArray(ds.shape, ds.dtype, lambda out, ds=ds: _copy_dataset(ds, out))
             self._shared[(k, name)] = shared
             self.column(k, name).use_memory(shared.array)
 

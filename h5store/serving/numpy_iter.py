@@ -140,6 +140,8 @@ class GzipChunkReader:
     >>> r = GzipChunkReader.for_dataset(f.h5["mel_gz/data"], f.path)  # doctest: +SKIP
     """
 
+    stable = False  # a compressed chunk rewritten by a commit moves: rebound after commits
+
     def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int, offsets: np.ndarray,
                  sizes: np.ndarray, masks: np.ndarray, filters: tuple[int, ...], cache_bytes: int = 16 << 20) -> None:
         self.path = path
@@ -188,6 +190,17 @@ class GzipChunkReader:
             self._fd = os.open(self.path, os.O_RDONLY)
             self._pid = os.getpid()
         return self._fd
+
+    def rebind(self, ds: Any) -> None:
+        """A writer committed: take the chunks' new addresses (a rewritten chunk moved).
+
+        Called under the commit lock. Decoded chunks in the cache stay right for the rows
+        this reader's snapshot holds: committed rows never change.
+        """
+        new = GzipChunkReader.for_dataset(ds, self.path)
+        if new is None:
+            raise CorruptRecordError(f"{self.path}: {ds.name} changed layout while open")
+        self.offsets, self.sizes, self.masks = new.offsets, new.sizes, new.masks
 
     def close(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
@@ -281,7 +294,8 @@ def prepare_for_threads(dataset: FileDataset) -> FileDataset:
                 col.frames  # noqa: B018 - idem
             reader = col.reader()
             if type(reader) is H5Reader and not col.writable:  # (a subclass is someone's choice: kept)
-                chunked = GzipChunkReader.for_dataset(col.data, col.path)
+                with col.reading():
+                    chunked = GzipChunkReader.for_dataset(col.data, col.path)
                 if chunked is not None:
                     col._reader = reader = chunked
             if isinstance(reader, DirectReader):
