@@ -7,7 +7,7 @@ views, so every read and write goes through one validated path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -275,13 +275,19 @@ class GroupView:
 
     def extend(self, records: Iterable[tuple[str, Mapping[str, Any]]] | Sequence[str],
                columns: Mapping[str, Sequence[Any]] | None = None, *, encoded: bool = False,
-               checksums: Sequence[Mapping[str, int]] | None = None) -> np.ndarray:
+               checksums: Sequence[Mapping[str, int]] | None = None,
+               packed: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[np.ndarray], object]]] | None = None,
+               ) -> np.ndarray:
         """Add many ids at once: ``extend([(id, {feat: x}), ...])`` or ``extend(ids, {feat: [x, ...]})``.
 
         Every item is validated before anything is stored, so a bad item adds nothing.
         ``encoded=True`` skips validation for items that already went through
         :meth:`Feature.encode <h5store.schema.Feature.encode>` (ingest validates in its workers);
         ``checksums`` (one dict per record) then gives their CRC-32s, computed by the caller.
+        ``packed`` (ingest) gives encoded items as concatenated rows instead: per feature
+        ``(positions, lengths, crcs, fill)``, the items of the records at ``positions``, where
+        ``fill(out)`` writes all their rows into ``out`` (see :meth:`Column.append_rows
+        <h5store.storage.Column.append_rows>`).
         Returns the new positions.
         """
         if columns is not None:
@@ -302,10 +308,15 @@ class GroupView:
                 items.append(value if encoded else self._encode(name, value, id))
                 if checksums is not None:
                     crcs.append(checksums[j][name])
+        for name in packed or {}:
+            if name not in self.store.columns:
+                raise SchemaError(f"{self.store.where}: no feature {name!r} (features: {sorted(self.store.columns)})")
         rows = self.store.add([r[0] for r in recs], {})
         for name, (sel, items, crcs) in per.items():
             self.store.columns[name].append(rows[np.asarray(sel, dtype=np.int64)], items,
                                             crcs if checksums is not None else None)
+        for name, (pos, lengths, sums, fill) in (packed or {}).items():
+            self.store.columns[name].append_rows(rows[pos], lengths, sums, fill)
         return rows
 
     def describe(self) -> list[dict[str, Any]]:
