@@ -55,3 +55,24 @@ class SlowNums(h5s.TypedFile):
 class WithSpeaker(h5s.TypedFile):
     nums = Numbers()
     speaker = Speaker()
+
+
+class PacedNumbers(Numbers):
+    """Numbers that sleep ``$H5STORE_TEST_LOAD_DELAY`` seconds per source (unset: no delay).
+
+    The delay comes from the environment, not from a parameter stored in the file, so a slow
+    create in a child process (and its joblib workers, which inherit the environment) and a
+    fast resume of the same partial file in the test process share one schema.
+    """
+
+    type_name = "tests.PacedNumbers"
+
+    def load(self, source):
+        delay = float(os.environ.get("H5STORE_TEST_LOAD_DELAY") or 0)
+        if delay:
+            time.sleep(delay)
+        return super().load(source)
+
+
+class PacedNums(h5s.TypedFile):
+    nums = PacedNumbers()
