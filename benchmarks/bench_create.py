@@ -347,7 +347,7 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
                       f"be {per:,.0f} bytes each ({per_parent:,.0f} in the parent), but the writer's spill buffers "
                       f"(up to {BUFFER_BOUND >> 20} MiB, see the target) fill only in the larger create: compare "
                       "larger creates before calling it per-source growth.", ""]
-    if res.get("profile"):
+    if len(res.get("profile", "").splitlines()) > 1:  # a header alone says nothing
         lines += ["<details><summary>cProfile of the parent process during a create with n_workers=2 (workers "
                   "warm; top functions by own time; the workers' time shows as waiting)</summary>", "",
                   "```", res["profile"], "```", "</details>", ""]
