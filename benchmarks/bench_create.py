@@ -54,10 +54,10 @@ import numpy as np
 from benchmarks import _common as C
 
 SR = 16000
-# The writer buffers up to 32 MiB of rows per column before it spills them to the file, and
-# concatenates them once when it does: 2 columns x 32 MiB x 2. A small create never fills
-# those buffers and a large one does, so the peaks may differ by up to this much without
-# anything growing with the number of sources.
+# The writer stages up to 32 MiB of rows per column (2 columns x 32 MiB), and the workers'
+# in-flight chunks wait in /dev/shm spool files; 128 MiB bounds both. A small create never
+# fills the staging buffers and a large one does, so the peaks may differ by up to this much
+# without anything growing with the number of sources.
 BUFFER_BOUND = 2 * 32 * 2 << 20
 N_FFT = 1024
 HOP = 256
