@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import datetime
+import glob
 import io
 import os
 import platform
@@ -235,9 +236,11 @@ class PeakRss:
     >>> peak.peak  # doctest: +SKIP
     """
 
-    def __init__(self, interval: float = 0.02) -> None:
+    def __init__(self, interval: float = 0.02, shm_glob: str | None = None) -> None:
         self.interval = interval
-        self.peak = 0  # whole tree
+        self.shm_glob = shm_glob  # files in RAM (tmpfs) the tree holds: counted with the tree
+        self.peak = 0  # whole tree (+ those files)
+        self.peak_shm = 0
         self.peak_self = 0  # this process alone
         self.start_rss = 0
         self._stop = threading.Event()
@@ -246,7 +249,9 @@ class PeakRss:
     def _sample(self) -> None:
         import psutil
 
-        self.peak = max(self.peak, tree_rss())
+        shm = shm_bytes(self.shm_glob) if self.shm_glob else 0
+        self.peak_shm = max(self.peak_shm, shm)
+        self.peak = max(self.peak, tree_rss() + shm)
         self.peak_self = max(self.peak_self, psutil.Process().memory_info().rss)
 
     def _loop(self) -> None:
@@ -264,6 +269,17 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         self._sample()
+
+
+def shm_bytes(pattern: str) -> int:
+    """Bytes of memory held by the files under the folders (or files) matching ``pattern``."""
+    total = 0
+    for top in glob.glob(pattern):
+        for dirpath, _dirs, files in os.walk(top) if os.path.isdir(top) else [("", [], [top])]:
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
 
 
 def uss_pss(pids: Sequence[int]) -> tuple[int, int]:

@@ -220,12 +220,13 @@ def memory_child(n: int, tiny_s: float, cache: Path) -> dict[str, Any]:
     folder = wav_folder(cache, n, tiny_s, tiny_s, seed=1)
     with tempfile.TemporaryDirectory(prefix="h5store-bench-mem-") as tmp:
         out = os.path.join(tmp, "tiny.h5")
-        with C.PeakRss() as peak:
+        # The workers' results wait for the writer in /dev/shm files: RAM, though in no RSS.
+        with C.PeakRss(shm_glob=f"/dev/shm/h5store-ingest-{os.getpid()}-*") as peak:
             t0 = time.perf_counter()
             rep = h5store_create(folder, out, 2)
             wall = time.perf_counter() - t0
     return {"n": n, "start": peak.start_rss, "peak": peak.peak, "peak_parent": peak.peak_self, "wall": wall,
-            "stored": rep.n_stored, "failures": len(rep.failures)}
+            "stored": rep.n_stored, "failures": len(rep.failures), "peak_shm": peak.peak_shm}
 
 
 def memory(cfg: Config, cache: Path) -> list[dict[str, Any]]:
@@ -335,9 +336,10 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
         lines += [f"Peak RSS of the whole process tree (parent + 2 workers, sampled every 20 ms) during a create "
                   f"of tiny sources ({cfg.tiny_s:g} s wavs, n_workers=2), each in a fresh interpreter:", ""]
         rows = [[f"{m['n']:,}", m["stored"], f"{m['wall']:.1f}", f"{m['start'] / 2**20:,.0f}",
-                 f"{m['peak'] / 2**20:,.0f}", f"{m['peak_parent'] / 2**20:,.0f}"] for m in mem]
-        lines += [C.md_table(["sources", "stored", "wall s", "RSS before MiB", "peak RSS, tree MiB",
-                              "peak RSS, parent alone MiB"], rows), ""]
+                 f"{m['peak'] / 2**20:,.0f}", f"{m['peak_parent'] / 2**20:,.0f}",
+                 f"{m.get('peak_shm', 0) / 2**20:,.1f}"] for m in mem]
+        lines += [C.md_table(["sources", "stored", "wall s", "RSS before MiB", "peak RSS + spool, tree MiB",
+                              "peak RSS, parent alone MiB", "peak /dev/shm spool MiB"], rows), ""]
         if len(mem) == 2:
             a, b = mem
             per = (b["peak"] - a["peak"]) / (b["n"] - a["n"])

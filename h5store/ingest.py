@@ -216,6 +216,15 @@ class _Spooled:
 
     path: str
     columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]]
+    nbytes: int = 0
+
+    def check(self) -> str | None:
+        """Why the file cannot be read back whole (someone removed or cut it), or None."""
+        try:
+            size = os.stat(self.path).st_size
+        except OSError as e:
+            return f"the worker's result file {self.path} is gone ({e.strerror})"
+        return None if size == self.nbytes else f"the worker's result file {self.path} holds {size} of {self.nbytes} bytes"
 
     @contextlib.contextmanager
     def opened(self) -> Iterator[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[np.ndarray], None]]]]:
@@ -299,7 +308,7 @@ def _spool(features: dict[str, Feature], out: list[tuple[Any, ...]], folder: str
     for name, pos in plan.items():
         for j in pos:
             del good[j][0][name]
-    return _Spooled(path, columns)
+    return _Spooled(path, columns, offset)
 
 
 def _spool_folder(n_workers: int) -> str | None:
@@ -566,6 +575,13 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
                 else:
                     good.append((id, items))
                     sums.append(crcs)
+            lost = spooled.check() if spooled is not None and good else None
+            if lost is not None:
+                # Checked before any id is added: a record is stored whole or not at all.
+                report.failures.extend(Failure(id, "*", "SpoolError", lost, str(seen[id])) for id, _ in good)
+                with contextlib.suppress(OSError):
+                    os.unlink(spooled.path)  # type: ignore[union-attr]
+                good = []
             if good:
                 with spooled.opened() if spooled is not None else contextlib.nullcontext() as packed:
                     out.group().extend(good, encoded=True, checksums=sums, packed=packed)

@@ -226,3 +226,29 @@ def test_merge_shards_equals_one_create(tmp_path):
     with pytest.raises(h5s.DuplicateIdError):
         Nums.merge([tmp_path / "s0.h5", tmp_path / "s0.h5"], tmp_path / "dup.h5", progress=False)
     assert not (tmp_path / "dup.h5").exists()
+
+
+def test_a_lost_worker_result_file_fails_its_sources_only(tmp_path, monkeypatch):
+    """Workers hand arrays over through /dev/shm files; one that vanished (or was cut) before
+    the writer read it fails its sources, named, before any of their ids is added."""
+    from h5store import ingest
+
+    expected = write_corpus(tmp_path / "src", n=40)
+    real = ingest._Spooled.check
+    calls = []
+
+    def first_is_lost(self):
+        calls.append(self.path)
+        if len(calls) == 1:
+            os.truncate(self.path, 0)  # as if something cut the file
+        return real(self)
+
+    monkeypatch.setattr(ingest._Spooled, "check", first_is_lost)
+    with Nums.create(tmp_path / "out.h5", tmp_path / "src", n_workers=2, progress=False) as f:
+        lost = {x.id for x in f.report.failures}
+        assert calls, "the spool path was not used"
+        assert lost and all(x.error == "SpoolError" and "holds 0 of" in x.message for x in f.report.failures)
+        assert set(f.ids) == set(expected) - lost
+        for i in f.ids:
+            np.testing.assert_array_equal(f.nums[i], expected[i])
+    assert not list(Path("/dev/shm").glob(f"h5store-ingest-{os.getpid()}-*"))
