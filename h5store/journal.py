@@ -173,32 +173,20 @@ def rollback(path: str) -> bool:
     return True
 
 
-class ReadOnlyFile(io.RawIOBase):
-    """A read-only file for h5py's ``fileobj`` driver, reading with ``os.preadv``.
+class _PositionedFile(io.RawIOBase):
+    """A file for h5py's ``fileobj`` driver on a descriptor of its own: positioned I/O only
+    (``pread``/``pwrite`` at a position kept here), so a descriptor offset shared across a
+    fork never moves, and the object names the file (h5py reports its repr as the name)."""
 
-    HDF5 shares one in-memory file object (and its metadata cache) between all opens of the
-    same path through its default driver, so a reopen in the same process, or in a forked
-    child that inherited an open file, sees stale metadata. Each ``ReadOnlyFile`` is a file
-    of its own to HDF5. Positioned reads never move a descriptor offset shared across fork.
-    """
-
-    def __init__(self, path: str, fd: int | None = None) -> None:
+    def __init__(self, path: str, fd: int) -> None:
         super().__init__()
         self.path = path
-        self._fd = os.open(path, os.O_RDONLY) if fd is None else fd
+        self._fd = fd
         self._pid = os.getpid()
         self._pos = 0
 
-    @classmethod
-    def duplicate(cls, other: ReadOnlyFile) -> ReadOnlyFile:
-        """Another object on the same open file (the same inode, whatever the path holds now).
-
-        ``/proc/self/fd`` reopens it as a new open file description, so its locks are its own.
-        """
-        return cls(other.path, os.open(f"/proc/self/fd/{other.fileno()}", os.O_RDONLY))
-
     def __repr__(self) -> str:
-        return self.path  # h5py names the file by its object's repr (``File.filename``)
+        return self.path
 
     def readable(self) -> bool:
         return True
@@ -221,6 +209,27 @@ class ReadOnlyFile(io.RawIOBase):
             self._pos = os.fstat(self._fd).st_size + offset
         return self._pos
 
+
+class ReadOnlyFile(_PositionedFile):
+    """A read-only file for h5py's ``fileobj`` driver, reading with ``os.preadv``.
+
+    HDF5 shares one in-memory file object (and its metadata cache) between all opens of the
+    same path through its default driver, so a reopen in the same process, or in a forked
+    child that inherited an open file, sees stale metadata. Each ``ReadOnlyFile`` is a file
+    of its own to HDF5. Positioned reads never move a descriptor offset shared across fork.
+    """
+
+    def __init__(self, path: str, fd: int | None = None) -> None:
+        super().__init__(path, os.open(path, os.O_RDONLY) if fd is None else fd)
+
+    @classmethod
+    def duplicate(cls, other: ReadOnlyFile) -> ReadOnlyFile:
+        """Another object on the same open file (the same inode, whatever the path holds now).
+
+        ``/proc/self/fd`` reopens it as a new open file description, so its locks are its own.
+        """
+        return cls(other.path, os.open(f"/proc/self/fd/{other.fileno()}", os.O_RDONLY))
+
     def readinto(self, buffer: Any) -> int:
         n = os.preadv(self._fd, [memoryview(buffer).cast("B")], self._pos)
         self._pos += n
@@ -232,7 +241,7 @@ class ReadOnlyFile(io.RawIOBase):
         super().close()
 
 
-class JournaledFile(io.RawIOBase):
+class JournaledFile(_PositionedFile):
     """A read/write file for h5py's ``fileobj`` driver that journals committed pages.
 
     Parameters
@@ -253,12 +262,8 @@ class JournaledFile(io.RawIOBase):
     """
 
     def __init__(self, path: str, fresh: bool = False, on_commit: Callable[[], None] | None = None) -> None:
-        super().__init__()
         rollback(path)
-        self.path = path
-        self._fd = os.open(path, os.O_RDWR)
-        self._pid = os.getpid()
-        self._pos = 0
+        super().__init__(path, os.open(path, os.O_RDWR))
         self._on_commit = on_commit
         self.lock = CommitLock(self._fd, path)
         self._overlay: dict[int, bytearray] = {}  # page -> its new bytes (committed pages only)
@@ -274,33 +279,9 @@ class JournaledFile(io.RawIOBase):
         else:
             self._committed = os.fstat(self._fd).st_size
 
-    def __repr__(self) -> str:
-        return self.path  # h5py names the file by its object's repr (``File.filename``)
-
     # -- io.RawIOBase -------------------------------------------------------------
-    def readable(self) -> bool:
-        return True
-
     def writable(self) -> bool:
         return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            self._pos = offset
-        elif whence == io.SEEK_CUR:
-            self._pos += offset
-        else:
-            self._pos = os.fstat(self._fd).st_size + offset
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
