@@ -161,8 +161,8 @@ class Timing:
 
     @property
     def rate(self) -> float:
-        """Items per second of the best run."""
-        return self.best.rate
+        """Items per second of the best run (NaN before any run)."""
+        return self.best.rate if self.runs else float("nan")
 
     @property
     def mb_per_s(self) -> float:

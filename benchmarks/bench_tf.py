@@ -35,7 +35,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,18 +82,14 @@ class Run:
         return self.items / self.seconds if self.seconds > 0 else float("inf")
 
 
-@dataclass
-class Timing:
-    name: str
-    runs: list[Run] = field(default_factory=list)
+class Timing(C.Timing):
+    """:class:`benchmarks._common.Timing` of runs that also measured CPU time and page faults."""
+
+    runs: list[Run]  # type: ignore[assignment]
 
     @property
-    def best(self) -> Run:
+    def best(self) -> Run:  # type: ignore[override]
         return max(self.runs, key=lambda r: r.rate)
-
-    @property
-    def rate(self) -> float:
-        return self.best.rate if self.runs else NAN
 
     @property
     def cores(self) -> float:
