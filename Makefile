@@ -13,8 +13,10 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
 
+# The demo installs the package as a user would (a plain, non-editable install prints no
+# build warnings); the dev set-up installs it editable for working on the code.
 $(VENV)/.base-installed: pyproject.toml constraints.txt | $(PY)
-	$(PIP_INSTALL) -e .
+	$(PIP_INSTALL) .
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml constraints.txt | $(PY)

@@ -134,7 +134,7 @@ def serial_loop(wavs: list[Path], out: str) -> int:
 
 def h5store_create(folder: Path, out: str, n_workers: int) -> Any:
     """``Speech.create``; returns the IngestReport (the file is closed)."""
-    f = C.Speech.create(out, sources=str(folder), n_workers=n_workers, progress=False)
+    f = C.Speech.create(out, sources=str(folder), n_workers=n_workers, mode="w", progress=False)
     report = f.report
     f.close()
     return report

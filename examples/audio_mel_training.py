@@ -65,7 +65,7 @@ def main() -> None:
 
     # 2. Create: worker processes compute the mels, this process alone writes; the file
     #    appears at its path only when complete. A bad wav would be reported, not fatal.
-    f = Speech.create(out / "speech.h5", out / "wavs", n_workers=args.workers, progress=False)
+    f = Speech.create(out / "speech.h5", out / "wavs", n_workers=args.workers, mode="w", progress=False)
     print(f.report.summary())
     print(f"{len(f)} items; first id {f.ids[0]!r} has mel {f.mel[0].shape}; classes {f.features['label'].classes}")
 

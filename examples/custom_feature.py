@@ -65,7 +65,7 @@ def main() -> None:
         sf.write(out / "clips" / kind / f"c{i:03d}.wav", (gain * rng.uniform(-1, 1, 8000)).astype("float32"), 16000)
     (out / "clips" / "quiet" / "tiny.wav").write_bytes(b"")  # a broken source: reported, not fatal
 
-    f = Clips.create(out / "clips.h5", out / "clips", n_workers=2, progress=False)
+    f = Clips.create(out / "clips.h5", out / "clips", n_workers=2, mode="w", progress=False)
     print(f.report.summary())
     for failure in f.report.failures:
         print("  failed:", failure)

@@ -43,9 +43,9 @@ def main() -> None:
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=None) as cluster, \
             Client(cluster) as client, joblib.parallel_config(backend="dask"):
         print("dask:", client)
-        f = Speech.create(out / "speech.h5", out / "wavs", n_workers=args.workers, progress=False)
+        f = Speech.create(out / "speech.h5", out / "wavs", n_workers=args.workers, mode="w", progress=False)
     print(f.report.summary())
-    local = Speech.create(out / "local.h5", out / "wavs", n_workers=1, progress=False)
+    local = Speech.create(out / "local.h5", out / "wavs", n_workers=1, mode="w", progress=False)
     same = all(np.array_equal(a, b) for a, b in zip(f.mel, local.mel))
     print("identical to a local run:", same)
     assert same and list(f.ids) == list(local.ids)

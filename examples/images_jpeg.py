@@ -59,7 +59,7 @@ def main() -> None:
     torch.manual_seed(0)
     make_jpegs(out / "images", args.n_images, args.size)
 
-    f = Pictures.create(out / "pictures.h5", out / "images", n_workers=args.workers, progress=False)
+    f = Pictures.create(out / "pictures.h5", out / "images", n_workers=args.workers, mode="w", progress=False)
     print(f.report.summary())
     pixels = len(f) * args.size * args.size * 3
     print(f"{len(f)} images in {os.path.getsize(f.path) / 1e6:.1f} MB ({pixels / 1e6:.1f} MB of pixels); "

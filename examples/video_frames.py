@@ -59,7 +59,7 @@ def main() -> None:
     torch.manual_seed(0)
     make_videos(out / "videos", args.n_videos, args.frames)
 
-    f = Videos.create(out / "videos.h5", out / "videos", n_workers=args.workers, progress=False)
+    f = Videos.create(out / "videos.h5", out / "videos", n_workers=args.workers, mode="w", progress=False)
     print(f.report.summary())
     first = f.ids[0]
     print(f"{len(f)} videos, {int(f.video.lengths.sum()):,} frames, {os.path.getsize(f.path) / 1e6:.1f} MB; "

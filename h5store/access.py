@@ -195,6 +195,46 @@ class FeatureView:
         return f"<feature {self.where} {self.feature!r}: {int(self.present.sum())} items>"
 
 
+_EXTEND_FORMS = (
+    "extend() takes one of:\n"
+    "  f.extend({id: {feature: value, ...}, ...})            a dict of ids to their features\n"
+    "  f.extend([(id, {feature: value, ...}), ...])          (id, dict) pairs\n"
+    "  f.extend([id, ...], {feature: [value, ...], ...})     ids plus one list per feature\n"
+    "with ids as str"
+)
+
+
+def _records_form(where: str, records: Any, columns: Mapping[str, Sequence[Any]] | None) -> Any:
+    """``records`` as ``extend``'s pairs or ids; one error listing the accepted forms otherwise."""
+
+    def refuse(got: str) -> SchemaError:
+        return SchemaError(f"{where}: {got}; {_EXTEND_FORMS}")
+
+    if columns is not None:
+        if isinstance(records, (str, bytes, Mapping)) or not isinstance(columns, Mapping):
+            raise refuse(f"ids plus columns, but got {type(records).__name__} and {type(columns).__name__}")
+        ids = list(records)
+        bad = next((i for i in ids if not isinstance(i, str)), None)
+        if bad is not None:
+            raise refuse(f"an id must be a str, got {bad!r}")
+        return ids
+    if isinstance(records, Mapping):
+        pairs = list(records.items())
+        if pairs and not isinstance(pairs[0][1], Mapping):
+            k = pairs[0][0]
+            raise refuse(f"a dict whose values are not dicts ({k!r}: {type(pairs[0][1]).__name__}); "
+                         "a dict of features needs the ids too")
+    elif isinstance(records, (str, bytes)) or not hasattr(records, "__iter__"):
+        raise refuse(f"got {type(records).__name__}")
+    else:
+        pairs = list(records)
+    for p in pairs:
+        if not (isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], Mapping)):
+            shown = repr(p) if len(repr(p)) < 60 else f"{type(p).__name__} {repr(p)[:50]}..."
+            raise refuse(f"a record must be (id, {{feature: value}}), got {shown}")
+    return pairs
+
+
 class GroupView:
     """The ids and features of one group of an open file (``f`` itself is the root group).
 
@@ -278,7 +318,9 @@ class GroupView:
                checksums: Sequence[Mapping[str, int]] | None = None,
                packed: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[np.ndarray], object]]] | None = None,
                ) -> np.ndarray:
-        """Add many ids at once: ``extend([(id, {feat: x}), ...])`` or ``extend(ids, {feat: [x, ...]})``.
+        """Add many ids at once: ``extend({id: {feat: x}, ...})``, ``extend([(id, {feat: x}), ...])``
+        or ``extend(ids, {feat: [x, ...]})``; any other shape of input raises one
+        :class:`~h5store.errors.SchemaError` listing these forms.
 
         Every item is validated before anything is stored, so a bad item adds nothing.
         ``encoded=True`` skips validation for items that already went through
@@ -290,6 +332,7 @@ class GroupView:
         <h5store.storage.Column.append_rows>`).
         Returns the new positions.
         """
+        records = _records_form(self.store.where, records, columns)
         if columns is not None:
             ids = list(records)  # type: ignore[arg-type]
             for name, col in columns.items():

@@ -81,15 +81,28 @@ def _human(n: float) -> str:
     return str(n)
 
 
+_CREATE_FLAGS = {'mode="w"': "--overwrite", 'mode="a"': "--append", "resume=True": "--resume"}
+
+
 def _cmd_create(args: argparse.Namespace) -> int:
     cls = load_schema(args.schema, sr=args.sr, n_fft=args.n_fft, hop_length=args.hop_length, n_mels=args.n_mels)
-    f = cls.create(args.out, args.sources, n_workers=args.workers, resume=args.resume, on_error=args.on_error,
-                   mode="a" if args.append else "w", progress=not args.quiet)
+    mode = "a" if args.append else "w" if args.overwrite else None
+    try:
+        f = cls.create(args.out, args.sources, n_workers=args.workers, resume=args.resume, on_error=args.on_error,
+                       mode=mode, progress=not args.quiet)
+    except H5StoreError as e:
+        # The library names its keyword arguments; say the flags that do the same here.
+        msg = str(e)
+        for api, flag in _CREATE_FLAGS.items():
+            msg = msg.replace(api, flag)
+        raise CLIError(msg) from e
     report = f.report  # type: ignore[attr-defined]
     f.close()
-    print(f"{args.out}: {report.summary()}")
-    for failure in report.failures:
-        print(f"  failed: {failure}")
+    lines = report.lines()
+    print(f"{args.out}: {lines[0]}")
+    for line in lines[1:]:
+        if args.quiet or not line.startswith("  warning"):  # with progress, create printed them
+            print(line)
     return 0
 
 
@@ -132,14 +145,28 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", H5StoreSecurityWarning)
         if args.untrusted:
             # Files from strangers are parsed by a child process under memory and time limits.
-            report = verify_in_subprocess(args.file, deep=args.deep, untrusted=True, timeout=args.timeout,
+            report = verify_in_subprocess(args.file, deep=not args.quick, untrusted=True, timeout=args.timeout,
                                           max_memory=args.max_memory << 20, max_errors=args.max_errors)
         else:
-            report = verify(args.file, deep=args.deep, max_errors=args.max_errors)
+            report = verify(args.file, deep=not args.quick, max_errors=args.max_errors)
     for note in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, H5StoreSecurityWarning)):
         print(f"h5store: note: {note}", file=sys.stderr)
     print("\n".join(report.lines()))
     return 0 if report else 1
+
+
+def _cmd_recover(args: argparse.Namespace) -> int:
+    from h5store.journal import recover
+
+    report = recover(args.file, apply=args.apply)
+    print("\n".join(report.lines))
+    if not report.changed:
+        return 0 if report.ok else 1
+    from h5store.integrity import verify
+
+    checked = verify(args.file)
+    print("\n".join(checked.lines()))
+    return 0 if report.ok and checked else 1
 
 
 def _key(ids: Any, key: str) -> str | int:
@@ -167,11 +194,13 @@ def _cmd_plot(args: argparse.Namespace) -> int:
                 feature = names[0]
             group = feature.strip("/").rpartition("/")[0]
             out = args.output or f"{feature.strip('/').replace('/', '-')}.png"
-            save_plot(f, _key(f.group(group).ids, args.id), out, feature=feature, size=(args.width, args.height),
-                      dpi=args.dpi)
+            ids = f.group(group).ids
+            key = _key(ids, args.id)
+            save_plot(f, key, out, feature=feature, size=(args.width, args.height), dpi=args.dpi)
+            drawn = f"id {ids[key]!r} (position {key})" if isinstance(key, int) else f"id {key!r}"
     except ImportError as e:  # matplotlib is the `plot` extra
         raise CLIError(str(e)) from None
-    print(f"{out}: {feature} of {args.id!r} ({round(args.width * args.dpi)} x {round(args.height * args.dpi)} pixels)")
+    print(f"{out}: {feature} of {drawn} ({round(args.width * args.dpi)} x {round(args.height * args.dpi)} pixels)")
     return 0
 
 
@@ -276,7 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("sources", nargs="+", help="folders, globs, CSV manifests or files")
     c.add_argument("--workers", "-j", type=int, default=None, help="worker processes (default: all cores)")
     c.add_argument("--resume", action="store_true", help="continue an interrupted create")
-    c.add_argument("--append", action="store_true", help="add the sources the file does not hold yet")
+    existing = c.add_mutually_exclusive_group()
+    existing.add_argument("--append", action="store_true",
+                          help="add to an existing file the sources it does not hold yet")
+    existing.add_argument("--overwrite", action="store_true",
+                          help="replace an existing file (without --append or --overwrite, an existing file is refused)")
     c.add_argument("--on-error", choices=("skip", "raise"), default="skip")
     c.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     c.add_argument("--sr", type=int, default=22050, help="presets: sample rate")
@@ -290,9 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--max-failures", type=int, default=20)
     i.set_defaults(run=_cmd_info)
 
-    v = sub.add_parser("verify", help="check a file's structure, ids and indexes (--deep: every item's CRC-32)")
+    v = sub.add_parser("verify", help="check a file's structure, ids, indexes and every item's CRC-32 "
+                                      "(--quick: structure only, item data not read)")
     v.add_argument("file")
-    v.add_argument("--deep", action="store_true", help="read every item and check its CRC-32")
+    v.add_argument("--quick", action="store_true",
+                   help="check structure, ids and indexes only: item data is not read (not checked)")
+    v.add_argument("--deep", action="store_true", help="accepted for older scripts: every item is checked by default")
     v.add_argument("--untrusted", action="store_true",
                    help="refuse links, external storage, unusual filters and oversized declarations, "
                         "checking in a memory- and time-limited child process")
@@ -300,6 +336,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--timeout", type=float, default=600.0, help="--untrusted: seconds before the check is killed")
     v.add_argument("--max-memory", type=int, default=2048, help="--untrusted: MiB the check may allocate")
     v.set_defaults(run=_cmd_verify)
+
+    r = sub.add_parser("recover", help="inspect a rollback journal left by a crash; --apply restores what it can")
+    r.add_argument("file")
+    r.add_argument("--apply", action="store_true",
+                   help="restore the pages that check out, truncate to the committed size, keep a damaged "
+                        "journal as <journal>.damaged-<time>, then verify the file")
+    r.set_defaults(run=_cmd_recover)
 
     pl = sub.add_parser("plot", help="draw one item of a feature (spectrograms with Hz and seconds) to a PNG")
     pl.add_argument("file")
@@ -327,10 +370,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args))
+        code = int(args.run(args))
+        sys.stdout.flush()  # a closed pipe is reported here, not by the interpreter at exit
+        return code
     except KeyboardInterrupt:
         print("h5store: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `h5store info f.h5 | head`: the reader left; exit quietly, as cat and ls do. Point
+        # stdout at /dev/null so the interpreter's final flush does not complain again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
     except (H5StoreError, CLIError, OSError, ValueError, KeyError) as e:
         if os.environ.get("H5STORE_DEBUG"):
             raise

@@ -14,11 +14,13 @@ __all__ = [
     "DuplicateIdError",
     "FormatError",
     "H5StoreError",
+    "JournalError",
     "LockedError",
     "NotFound",
     "ReadOnlyError",
     "SchemaError",
     "SourceError",
+    "WriteError",
 ]
 
 
@@ -46,6 +48,16 @@ class CorruptRecordError(FormatError):
     """A stored record whose bytes or index fail their integrity checks."""
 
 
+class JournalError(FormatError):
+    """A rollback journal that cannot be applied safely: damaged (a header, batch or record
+    fails its CRC-32), written for another file (one since replaced or deleted), or one that
+    an open through another name could not find (a file hard-linked from another folder).
+
+    Nothing of it was applied and nothing deleted. The message names the file and the
+    journal; ``h5store recover FILE`` says what the journal holds and what it can restore.
+    """
+
+
 class SchemaError(H5StoreError, TypeError):
     """A schema declaration, or an array, that does not fit the declared features."""
 
@@ -60,3 +72,21 @@ class SourceError(H5StoreError, ValueError):
 
 class LockedError(H5StoreError, BlockingIOError):
     """A second writer on a file that another handle is writing."""
+
+
+class WriteError(H5StoreError, OSError):
+    """A write, fsync or commit that the operating system refused: disk full (``ENOSPC``),
+    quota (``EDQUOT``), an I/O error (``EIO``).
+
+    ``errno`` is the operating system's and ``filename`` the file. Everything committed
+    before is intact; what was added since the last commit was not written. The open file
+    takes no more writes: ``close()`` it (that releases the writer lock), free space, and
+    reopen it to add the records again.
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the whole sentence; OSError's "[Errno 28] ..." form hides it
+
+
+class TargetExistsError(H5StoreError, FileExistsError):
+    """``create``/``merge`` onto a file that exists, without saying whether to replace or extend it."""

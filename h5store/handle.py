@@ -32,14 +32,23 @@ import fcntl
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import h5py
 
-from h5store.errors import FormatError, LockedError
-from h5store.journal import CommitLock, JournaledFile, ReadOnlyFile, has_hot_journal, rollback
+from h5store.errors import FormatError, JournalError, LockedError, WriteError
+from h5store.journal import (
+    CommitLock,
+    JournaledFile,
+    ReadOnlyFile,
+    check_links,
+    find_journal,
+    has_hot_journal,
+    journal_path,
+    rollback,
+)
 
 __all__ = ["FileHandle", "WRITE_MODES", "LOCK_TIMEOUT"]
 
@@ -126,6 +135,8 @@ class FileHandle:
         self._local = threading.local()
         self._lock: CommitLock | None = None
         self._stale: list[tuple[h5py.File, ReadOnlyFile]] = []
+        self._created = False  # this open created the file (and no commit succeeded yet)
+        self.describe_kept: Callable[[], str] | None = None  # the owner's "what was kept"
         self.lock_timeout = float(options.pop("lock_timeout", LOCK_TIMEOUT))
 
     @property
@@ -173,7 +184,16 @@ class FileHandle:
         if mode in ("w-", "x"):
             mode = "w"  # existence was checked before the lock created the file
         if self.writable:
-            rollback(self.path)  # a hot journal left by a writer that died
+            try:
+                if mode in ("a", "r+") or created:  # journaled (see below)
+                    check_links(self.path)  # a journal an open through another name could not find
+                rollback(self.path)  # a hot journal left by a writer that died
+            except JournalError:
+                self._release_lock()  # refused: nothing was applied; the next writer may try again
+                if created:
+                    with contextlib.suppress(OSError):
+                        os.unlink(self.path)  # the empty file this open created
+                raise
         elif has_hot_journal(self.path):
             self._recover()
         if mode in ("r", "r+", "a") and _is_empty(self.path):
@@ -181,17 +201,30 @@ class FileHandle:
             self._release_lock()
             raise FormatError(f"{self.path}: empty file (0 bytes), not an HDF5 file")
         target: Any = self.path
-        if mode in ("a", "r+") or created:
+        fresh = created or mode == "w"
+        if mode in ("a", "r+") or fresh:
             # Writes to a committed file go through the rollback journal; so do writes to a
-            # file created here, so a crash before its first commit leaves it empty. A plain
-            # "w" on an existing file asked for truncation: it is not journaled.
-            target = self._journal = JournaledFile(self.path, fresh=created, on_commit=self._published)
-            mode = "w" if created else "r+"
+            # file created here, or truncated by "w", so a crash before its first commit leaves
+            # it empty, and a write error can always be undone (a plain HDF5 file that a write
+            # error left dirty could not be closed, and crashed the interpreter at exit).
+            self._created = fresh  # removed again if no commit ever succeeds (see _abandon)
+            try:
+                target = self._journal = JournaledFile(self.path, fresh=fresh, on_commit=self._published)
+            except WriteError as e:
+                err = self._reworded(e) if fresh else e
+                self._abandon(fresh)
+                raise err from None
+            me = weakref.ref(self)  # no reference cycle: a dropped handle is freed at once, as before
+            target.describe_kept = lambda: me()._kept()  # type: ignore[union-attr]
+            mode = "w" if fresh else "r+"
         try:
             if isinstance(target, JournaledFile):
                 self._file = h5py.File(target, mode, **self._h5_options())
             else:
                 self._file = h5py.File(target, mode, locking=False, **self._h5_options())
+        except WriteError:
+            self._abandon(self._created)
+            raise
         except FileNotFoundError:
             self._drop_journal()
             self._release_lock()
@@ -351,7 +384,7 @@ class FileHandle:
             fd = os.open(self.path, os.O_RDWR)
         except OSError:
             raise FormatError(
-                f"{self.path}: an interrupted write left {self.path}-journal; open the file once "
+                f"{self.path}: an interrupted write left {find_journal(self.path)}; open the file once "
                 "with write access (mode='a') to roll it back"
             ) from None
         try:
@@ -445,23 +478,43 @@ class FileHandle:
         self._journal = None
         self._pid = None
 
+    @property
+    def failure(self) -> WriteError | None:
+        """The write error that stopped this writer (only :meth:`close` is left), or None."""
+        j = self._journal
+        return j.failure if j is not None and self._pid == os.getpid() else None
+
     def flush(self) -> None:
-        """Commit: HDF5 flushes, the file is fsynced, the journal deleted (the commit point)."""
+        """Commit: HDF5 flushes, the file is fsynced, the journal deleted (the commit point).
+
+        Raises :class:`~h5store.errors.WriteError` when the OS refuses a write or fsync,
+        now or at an earlier write: nothing is committed, the file keeps its last commit.
+        """
         if self.is_open:
             assert self._file is not None
+            if self.failure is not None:
+                raise self._journal.refused()  # type: ignore[union-attr]
             self._file.flush()
             if self._journal is not None:
                 self._journal.commit()
+                self._created = False
 
     def close(self) -> None:
-        """Commit and close this process's handle (a later access reopens it)."""
+        """Commit and close this process's handle (a later access reopens it).
+
+        After a write error (:class:`~h5store.errors.WriteError`, raised once: by the call
+        that met it, this one included), close drops what was not committed, rolls the file
+        back to its last commit (a file this handle created and never committed is removed)
+        and releases the writer lock. It never leaves HDF5 holding the file.
+        """
         if self._file is not None and self._pid == os.getpid():
-            if self._file.id.valid:
-                self._file.close()  # HDF5 writes everything it holds
-            if self._journal is not None:
-                self._journal.commit()  # one commit for all of it
-                self._journal.close()
-                self._journal = None
+            try:
+                self._close_writable()
+            except WriteError:
+                self._file = None  # abandoned: closed, rolled back, writer lock released
+                self._pid = None
+                _writable.discard(self)
+                raise
             if self._reader_file is not None:
                 self._reader_file.close()
                 self._reader_file = None
@@ -474,6 +527,67 @@ class FileHandle:
         self._file = None
         self._pid = None
         _writable.discard(self)
+
+    def _close_writable(self) -> None:
+        assert self._file is not None
+        j = self._journal
+        if j is not None and j.failure is not None:
+            self._abandon(self._created)  # its error was raised when it happened
+            return
+        try:
+            if self._file.id.valid:
+                self._file.close()  # HDF5 writes everything it holds
+            if j is not None:
+                j.commit()  # one commit for all of it
+                self._created = False
+                j.close()
+                self._journal = None
+        except WriteError:
+            self._abandon(self._created)
+            raise
+
+    def _abandon(self, created: bool) -> None:
+        """Close a file whose write failed, writing nothing more; release the writer lock.
+
+        HDF5 still holds what it could not write: it closes against a journal that drops
+        every write (closed at interpreter exit instead, it crashed the process). The
+        rollback gives a full disk back the space of the uncommitted bytes now; a file this
+        handle created and never committed is removed. A rollback that fails here is done
+        by the next open (the journal stays).
+        """
+        try:
+            if self._journal is not None:
+                self._journal.discard_writes()
+            f = self._file
+            if f is not None and f.id.valid:
+                with contextlib.suppress(Exception):
+                    f.close()
+            self._file = None
+            self._drop_journal()  # also drops a spilled transaction's commit lock
+            with contextlib.suppress(OSError, FormatError):
+                rollback(self.path)  # a created file goes back to empty, and its journal goes
+            if created:
+                for p in (self.path, journal_path(self.path)):  # the journal, if that rollback failed
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(p)
+        finally:
+            self._created = False
+            self._release_lock()
+
+    def _kept(self) -> str:
+        """What a write error leaves of the file, for its message."""
+        if self._created:
+            return f"nothing was committed to it yet, so close() removes it: no file is left at {self.path}"
+        if self.describe_kept is not None:
+            return self.describe_kept()
+        return ("the file keeps its last commit, intact; what was written since was not kept. "
+                "close() it, free space, and reopen it to write again")
+
+    def _reworded(self, e: WriteError) -> WriteError:
+        err = WriteError(e.errno, f"{self.path}: {os.strerror(e.errno or 5)} while creating it; nothing was "
+                         f"committed to it, so it was removed: no file is left at {self.path}")
+        err.filename = self.path
+        return err
 
     def __repr__(self) -> str:
         state = "open" if self.is_open else "closed"
@@ -514,7 +628,20 @@ def _writer_alive(path: str) -> bool:
 
 
 def _holder_path(path: str) -> str:
-    return path + ".writer"
+    """The writer's note (its pid and commit counter) belongs to the file, not to the name:
+    beside the real file (symlinks resolved) and, for a file with hard links in its folder,
+    beside the first of them by name, so a reader through any link sees every commit."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+        if st.st_nlink > 1:
+            folder = os.path.dirname(real)
+            names = [e.name for e in os.scandir(folder) if e.inode() == st.st_ino and not e.is_symlink()]
+            if names:
+                real = os.path.join(folder, min(names))
+    except OSError:
+        pass
+    return real + ".writer"
 
 
 def _read_holder(path: str) -> str:

@@ -15,7 +15,10 @@
    and fsynced every few seconds (the resume point), and moved into place with
    ``os.replace`` only when complete; the directory is fsynced after. An interrupted
    create leaves the previous file at ``path`` untouched, and ``resume=True`` continues
-   from the partial file, loading only the sources it does not hold yet.
+   from the partial file, loading only the sources it does not hold yet. An existing file
+   at ``path`` is replaced only with ``mode="w"`` and extended only with ``mode="a"``
+   (after checking, before anything is written, that the declared features have the
+   parameters they were stored with); without a mode it is refused.
 
 A source whose load fails is not stored, the others are; failures come back in the
 :class:`IngestReport` and are stored in the file (``/_h5store/failures``, JSON).
@@ -28,36 +31,63 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
+import errno
 import functools
 import glob
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from h5store.errors import SourceError
+from h5store.errors import (
+    FormatError,
+    H5StoreError,
+    LockedError,
+    SchemaError,
+    SourceError,
+    TargetExistsError,
+    WriteError,
+)
+from h5store.journal import journal_path
+from h5store.refs import normalize_id
 from h5store.schema import Feature, Source
 from h5store.storage import item_crc
 
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
 
-__all__ = ["Failure", "IngestReport", "create", "expand_sources", "merge", "source_id", "stored_failures"]
+__all__ = ["Failure", "IngestReport", "create", "expand_sources", "merge", "source_id",
+           "stored_failures"]
 
 FAILURES_PATH = "_h5store/failures"
+_NUMBERS = re.compile(r"\d+(\.\d+)?")
 _COMMIT_SECONDS = 5.0
+
+
+def _shown(text: str) -> str:
+    """``text`` as is, or its repr when it holds a newline or another unprintable character."""
+    return text if text.isprintable() else repr(text)
 
 
 @dataclass(frozen=True)
 class Failure:
-    """One source that was not stored, and why."""
+    """One source that was not stored, and why.
+
+    ``error`` is the exception type a feature raised, or one of ``DuplicateIdError`` (more
+    than one source has this id: none of them is stored), ``InvalidIdError`` (the source's
+    name makes no valid id, e.g. it holds a newline), ``WorkerDied`` and ``SpoolError``.
+    """
 
     id: str
     feature: str
@@ -66,7 +96,7 @@ class Failure:
     source: str
 
     def __str__(self) -> str:
-        return f"{self.id} [{self.feature}] {self.error}: {self.message}"
+        return f"{_shown(self.id)} [{self.feature}] {self.error}: {self.message}"
 
 
 @dataclass
@@ -82,15 +112,27 @@ class IngestReport:
     n_skipped : int
         Sources already in the file (append or resume), not loaded again.
     failures : list of Failure
-        Sources not stored, with the feature, exception type and message.
+        Sources not stored: one entry per source and feature that failed, with the
+        exception type and message (a source fails whole when any of its features fails).
+    warnings : list of [category, message, count, example id]
+        Each distinct warning the features raised while loading (e.g. librosa's "n_fft is
+        too large"), once, with how many sources raised it and one of them.
     wall_seconds, writer_seconds, load_seconds : float
         Wall time of the run; time the parent spent writing; summed worker time.
+
+    Examples
+    --------
+    >>> r = IngestReport(n_sources=11, n_stored=7)
+    >>> r.failures.append(Failure("a", "mel", "ValueError", "too short", "/d/a.wav"))
+    >>> r.summary()
+    '7 stored, 0 already present, 1 of 11 sources failed in 0.0 s (writer 0.0 s)'
     """
 
     n_sources: int = 0
     n_stored: int = 0
     n_skipped: int = 0
     failures: list[Failure] = field(default_factory=list)
+    warnings: list[list[Any]] = field(default_factory=list)
     wall_seconds: float = 0.0
     writer_seconds: float = 0.0
     load_seconds: float = 0.0
@@ -99,12 +141,42 @@ class IngestReport:
     def ok(self) -> bool:
         return not self.failures
 
+    @property
+    def n_failed(self) -> int:
+        """Sources that failed (a source with two failing features counts once)."""
+        return len({f.source for f in self.failures})
+
     def summary(self) -> str:
+        warned = f", {len(self.warnings)} distinct warning(s)" if self.warnings else ""
         return (
-            f"{self.n_stored} stored, {self.n_skipped} already present, {len(self.failures)} failed "
-            f"of {self.n_sources} sources in {self.wall_seconds:.1f} s "
-            f"(writer {self.writer_seconds:.1f} s)"
+            f"{self.n_stored} stored, {self.n_skipped} already present, {self.n_failed} of "
+            f"{self.n_sources} sources failed in {self.wall_seconds:.1f} s "
+            f"(writer {self.writer_seconds:.1f} s){warned}"
         )
+
+    def lines(self) -> list[str]:
+        """The summary, then each failed source with its features' errors, then the warnings."""
+        out = [self.summary()]
+        by_source: dict[str, list[Failure]] = {}
+        for f in self.failures:
+            by_source.setdefault(f.source, []).append(f)
+        for source, fails in by_source.items():
+            out.append(f"  failed: {_shown(source)} (id {_shown(fails[0].id)})")
+            out.extend(f"    {f.feature}: {f.error}: {f.message}" for f in fails)
+        for category, message, count, example in self.warnings:
+            out.append(f"  warning ({count} source{'s' if count != 1 else ''}, e.g. {_shown(example)}): "
+                       f"{category}: {message}")
+        return out
+
+    def _warn(self, warning: tuple[str, str], id: str) -> None:
+        # "n_fft=1024 is too large for input signal of length=500" differs by its numbers
+        # from source to source: those count as one warning, shown by its first message.
+        key = (warning[0], _NUMBERS.sub("#", warning[1]))
+        for entry in self.warnings:
+            if (entry[0], _NUMBERS.sub("#", entry[1])) == key:
+                entry[2] += 1
+                return
+        self.warnings.append([warning[0], warning[1], 1, id])
 
 
 # ----------------------------------------------------------------------------- sources
@@ -148,6 +220,15 @@ def _read_manifest(path: str) -> list[tuple[str, dict[str, str]]]:
         p = r[key] if key < len(r) else ""
         full = p if os.path.isabs(p) else os.path.join(base, p)
         out.append((full, {h: v for j, (h, v) in enumerate(zip(header, r)) if j != key}))
+    if out and not any(os.path.exists(p) for p, _ in out[:1000]):
+        # LJSpeech's metadata.csv given as the sources: its first column holds ids, not paths.
+        column = "its 'path' column" if "path" in header else "its first column (no 'path' header)"
+        raise SourceError(
+            f"{path}: read as a manifest, {column} should list files, but none of them exists "
+            f"(first: {out[0][0]}). A table of ids and texts (such as LJSpeech's metadata.csv) is not "
+            f"a list of sources: pass the audio folder as sources and read the table with "
+            f"h5s.CSVColumn({os.path.basename(path)!r}, column=...)"
+        )
     return out
 
 
@@ -162,8 +243,12 @@ def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source],
     items: list[tuple[str, dict[str, str]]] = []
     dirs: set[str] = set()
     roots: list[str] = []
-    for s in [sources] if isinstance(sources, (str, os.PathLike)) else list(sources):
+    entries = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    for s in entries:
         s = os.fspath(s)
+        if not os.path.exists(s) and not _is_glob(s) and (len(entries) == 1 or not os.path.splitext(s)[1]):
+            # A missing folder (or the only source named) would otherwise just match nothing.
+            raise SourceError(f"no such file or folder: {s}")
         if os.path.isdir(s):
             top = os.path.abspath(s)
             roots.append(top)
@@ -175,7 +260,10 @@ def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source],
                 for name in sorted(filenames):
                     items.append((os.path.join(dirpath, name), {}))
         elif _is_glob(s):
-            for p in sorted(glob.glob(s, recursive=True)):
+            found = sorted(glob.glob(s, recursive=True))
+            if not found and len(entries) == 1:
+                raise SourceError(f"no file or folder matches {s}")
+            for p in found:
                 items.append((os.path.abspath(p), {}))
         elif s.lower().endswith(".csv") and os.path.isfile(s):
             for p, meta in _read_manifest(s):
@@ -259,7 +347,7 @@ def _spool(features: dict[str, Feature], out: list[tuple[Any, ...]], folder: str
     None when nothing qualifies or the file cannot be written (e.g. /dev/shm full): the items
     then go through the result pipe as they are.
     """
-    good = [(items, crcs) for _, items, crcs, _, _ in out if items is not None]
+    good = [(items, crcs) for _, items, crcs, *_ in out if items is not None]
     specs = {name: feat.spec() for name, feat in features.items()}
     plan: dict[str, list[int]] = {}
     refused: set[str] = set()
@@ -352,8 +440,10 @@ def _load_chunk(features: dict[str, Feature], chunk: list[tuple[Source, list[str
                 spool: str | None = None) -> tuple[list[tuple[Any, ...]], _Spooled | None]:
     """Worker side: load every accepting feature of every source of a chunk.
 
-    Returns, per source, ``(id, items or None, crcs, failures, seconds)``; never raises for a
-    bad source, so one bad file cannot abort the run. The items' CRC-32s are computed here,
+    Returns, per source, ``(id, items or None, crcs, failures, seconds, warnings)``; never
+    raises for a bad source, so one bad file cannot abort the run. Warnings a feature raises
+    (librosa's "n_fft too large") are recorded as ``(category, message)`` and summarised once
+    by the parent, not printed by every worker. The items' CRC-32s are computed here,
     in parallel, not by the one writer. With a ``spool`` folder, the items it can take move
     to a file there (see :func:`_spool`), returned second.
     """
@@ -363,14 +453,17 @@ def _load_chunk(features: dict[str, Feature], chunk: list[tuple[Source, list[str
         items: dict[str, Any] = {}
         crcs: dict[str, int] = {}
         failed: list[tuple[str, str, str]] = []
-        for name in names:
-            feat = features[name]
-            try:
-                items[name] = feat.encode(feat.load(source))
-                crcs[name] = item_crc(feat.spec().layout, items[name])
-            except Exception as e:  # noqa: BLE001 - every failure is reported, none aborts the run
-                failed.append((name, type(e).__name__, str(e) or repr(e)))
-        out.append((source.id, None if failed else items, crcs, failed, time.perf_counter() - t0))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for name in names:
+                feat = features[name]
+                try:
+                    items[name] = feat.encode(feat.load(source))
+                    crcs[name] = item_crc(feat.spec().layout, items[name])
+                except Exception as e:  # noqa: BLE001 - every failure is reported, none aborts the run
+                    failed.append((name, type(e).__name__, str(e) or repr(e)))
+        said = sorted({(w.category.__name__, str(w.message)) for w in caught})
+        out.append((source.id, None if failed else items, crcs, failed, time.perf_counter() - t0, said))
     return out, _spool(features, out, spool) if spool is not None else None
 
 
@@ -414,7 +507,7 @@ def _isolated(features: dict[str, Feature], item: tuple[Source, list[str]]) -> t
     try:
         return joblib.Parallel(n_jobs=2)([joblib.delayed(_load_chunk)(features, [item])])[0][0][0]
     except Exception as e:  # noqa: BLE001
-        return (source.id, None, {}, [(n, "WorkerDied", f"the worker process died loading this source ({type(e).__name__})") for n in names], 0.0)
+        return (source.id, None, {}, [(n, "WorkerDied", f"the worker process died loading this source ({type(e).__name__})") for n in names], 0.0, [])
 
 
 # ----------------------------------------------------------------------------- create
@@ -460,8 +553,8 @@ def stored_failures(tf: TypedFile) -> list[Failure]:
 
 
 def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, n_workers: int | None = None,
-           mode: str = "w", resume: bool = False, on_error: str = "skip", progress: bool = True,
-           root: str | None = None) -> TypedFile:
+           mode: str | None = None, overwrite: bool = False, resume: bool = False, on_error: str = "skip",
+           progress: bool = True, root: str | None = None) -> TypedFile:
     """Build (or extend) a file from raw sources in parallel.
 
     Parameters
@@ -469,16 +562,26 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     cls : TypedFile subclass
         The schema; features with a ``pattern`` are filled from the sources they accept.
     path : str or Path
-        The file to create. It appears only when complete.
+        The file to create. It appears only when complete. A symlink is followed: the file it
+        points to is the one created, replaced or extended, and the link stays.
     sources : str, Path or list
         A folder (recursive), a glob, CSV manifests, paths, or a list of these.
     n_workers : int, optional
         joblib workers (default: all cores). 1 runs in this process.
-    mode : {"w", "a"}
-        "w" replaces any file at ``path`` once the new one is complete; "a" adds the sources
-        whose ids ``path`` does not hold yet (working on a copy, so a crash loses nothing).
+    mode : {None, "w", "a"}
+        What to do with a file already at ``path``. None (default, also "x"): create it, and
+        refuse with :class:`~h5store.errors.TargetExistsError` when it exists. "w": replace it once the new
+        one is complete. "a": add the sources whose ids it does not hold yet, working on a
+        copy, so a crash loses nothing; the declared features must have the parameters they
+        were stored with (parameters a feature learns in ``prepare``, such as a label
+        vocabulary, may grow), else :class:`~h5store.errors.SchemaError` is raised before
+        anything is written.
+    overwrite : bool
+        ``overwrite=True`` is ``mode="w"``.
     resume : bool
-        Continue an interrupted create from its partial file, loading only what it lacks.
+        Continue an interrupted create from its partial file, loading only what it lacks
+        (no ``mode`` needed). A partial file built with other parameters is refused, one
+        damaged by a kill is rebuilt; without a partial file, ``mode`` applies as usual.
     on_error : {"skip", "raise"}
         "skip" stores every good source and reports the others. "raise" publishes nothing
         when any source fails: every source is still tried, then one
@@ -494,20 +597,33 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     TypedFile
         The finished file, open read-only, with the run's :class:`IngestReport` as ``.report``.
 
+    Notes
+    -----
+    A source is a failure of its own, reported with the others while the rest is stored,
+    when its load fails, when its name makes no valid id (a newline in a file name), and
+    when another source has the same id (``a.wav`` and ``a.flac``; ids are compared after
+    Unicode NFC normalisation): then none of them is stored, so an id never holds the
+    content of a source other than the one it names. In an append or a resume, an id the
+    file holds already is skipped, however many sources have it.
+
     Examples
     --------
     >>> f = Speech.create("speech.h5", sources="wavs/", n_workers=8)  # doctest: +SKIP
     >>> f.report.summary()  # doctest: +SKIP
     '13100 stored, 0 already present, 2 failed of 13102 sources in 95.3 s (writer 4.1 s)'
+    >>> f = Speech.create("speech.h5", sources="more_wavs/", mode="a")  # doctest: +SKIP
     """
     from tqdm.auto import tqdm
 
     t_start = time.perf_counter()
-    if mode not in ("w", "a"):
-        raise ValueError(f"mode must be 'w' or 'a', got {mode!r}")
+    mode = _check_mode(mode, overwrite)
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     path = os.fspath(path)
+    if os.path.islink(path):
+        # Publish where the link points (and build beside it): replacing the link itself
+        # would leave the file it names stale and turn the link into a file of its own.
+        path = os.path.realpath(path)
     n_workers = n_workers or len(os.sched_getaffinity(0))
     partial = _partial_path(path)
     report = IngestReport()
@@ -517,58 +633,59 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     if not declared:
         raise SourceError(f"{cls.__name__} has no feature that loads sources (give a feature a pattern)")
 
+    # Everything is checked before anything is written: the file to continue from (a partial
+    # file to resume, the target to append to) is only read until the checks have passed.
+    base, action = _open_base(cls, path, partial, mode, resume)
+    try:
+        seen, work = _plan(declared, all_sources, base, report)
+        if report.n_sources == 0:
+            patterns = {n: f.pattern for n, f in declared.items()}
+            raise SourceError(f"no source under {root} matches any feature of {cls.__name__} (patterns: {patterns})")
+        # Dataset-wide parameters, learned once over every accepted source.
+        prepared = _prepare(cls, declared, list(seen.values()), base, action)
+    finally:
+        if base is not None:
+            base.close()
+
     # Start from the partial file (resume), a copy of the target (append), or nothing.
-    if os.path.exists(partial) and not resume:
-        os.unlink(partial)
-    if not os.path.exists(partial):
-        if mode == "a" and os.path.exists(path):
+    if action != "resume":
+        _discard(partial)  # a stale or damaged partial file: ours, never published
+    try:
+        if action == "append":
             _copy_file(path, partial)
-    existing = _open_existing(cls, partial)
-
-    # Which features load which source; drop ids already stored. Content features create
-    # ids; annotations (labels, CSV columns) only add to them, unless nothing else loads.
-    have = existing
-    content = {n for n, f in declared.items() if not f.annotation} or set(declared)
-    work: list[tuple[Source, list[str]]] = []
-    seen: dict[str, Source] = {}
-    for s in all_sources:
-        names = [n for n, f in declared.items() if f.accepts(s)]
-        if not content.intersection(names):
-            continue
-        report.n_sources += 1
-        if s.id in seen:
-            report.failures.append(Failure(s.id, "*", "DuplicateIdError",
-                                           f"{s} has the same id as {seen[s.id]}", str(s)))
-            continue
-        seen[s.id] = s
-        if have is not None and s.id in have:
-            report.n_skipped += 1
-            continue
-        work.append((s, names))
-    if report.n_sources == 0:
-        patterns = {n: f.pattern for n, f in declared.items()}
-        raise SourceError(f"no source under {root} matches any feature of {cls.__name__} (patterns: {patterns})")
-
-    # Dataset-wide parameters, learned once over every accepted source.
-    prepared: dict[str, Feature] = {}
-    old_feats = have.features if have is not None else {}
-    for name, feat in declared.items():
-        accepted = [s for s in seen.values() if feat.accepts(s)]
-        prepared[name] = feat.prepare(accepted, old_feats.get(name))
-    if have is not None:
-        have.close()
-    out = cls(partial, mode="a")
-    out._learn(prepared)
+        out = cls(partial, mode="a")
+    except OSError as e:
+        if _disk_failed(e):
+            raise _disk_error(path, partial, e, report) from None
+        raise
+    try:
+        out._learn(prepared)
+    except BaseException as e:
+        out.close()
+        if _disk_failed(e):
+            raise _disk_error(path, partial, e, report) from None
+        raise
     bar = tqdm(total=len(work), unit="item", disable=not progress, dynamic_ncols=True,
                desc=f"h5store create {os.path.basename(path)}")
+    if n_workers > 1 and work:
+        # Starting workers takes seconds (each imports numpy, librosa...): say so, rather
+        # than show 0% with an ETA computed from the start-up time.
+        bar.set_postfix_str(f"starting {n_workers} workers", refresh=True)
     spool = _spool_folder(n_workers)
     try:
         last_commit = time.perf_counter()
+        started = False
         for results, spooled in _run_parallel(prepared, _chunks(work, n_workers), n_workers, spool):
+            if not started:
+                started = True
+                bar.reset(total=len(work))  # items/s and the ETA count from the first results
+                bar.set_postfix_str("", refresh=False)
             t0 = time.perf_counter()
             good, sums = [], []
-            for id, items, crcs, failed, seconds in results:
+            for id, items, crcs, failed, seconds, said in results:
                 report.load_seconds += seconds
+                for w in said:
+                    report._warn(w, id)
                 if items is None:
                     src = str(seen[id])
                     report.failures.extend(Failure(id, n, t, m, src) for n, t, m in failed)
@@ -604,23 +721,49 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         os.replace(partial, path)
         _fsync_dir(path)
         report.writer_seconds += time.perf_counter() - t0
-    except BaseException:
+    except BaseException as e:
         out.close()  # the partial file stays: resume=True continues from it
+        if _disk_failed(e):
+            raise _disk_error(path, partial, e, report) from None  # ... unless the disk refused it
         raise
     finally:
         bar.close()
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
     report.wall_seconds = time.perf_counter() - t_start
+    if progress and report.warnings:
+        for line in report.lines():
+            if line.startswith("  warning"):
+                tqdm.write(f"h5store create:{line[1:]}", file=sys.stderr)
     result = cls(path, mode="r")
     result.report = report  # type: ignore[attr-defined]
     return result
 
 
+def _disk_failed(e: BaseException) -> bool:
+    """A write the OS refused: disk full, quota, I/O error, file too large."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)
+
+
+def _disk_error(path: str, partial: str, e: BaseException, report: IngestReport) -> WriteError:
+    """The disk refused the partial file: remove it (it would keep the disk full, and it holds
+    nothing published), and say so in one error naming the target."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(partial)
+    code = getattr(e, "errno", None) or errno.EIO
+    kept = f"{path} is unchanged" if os.path.exists(path) else f"no file was created at {path}"
+    err = WriteError(code, f"{path}: {os.strerror(code)} while writing {partial}, so it was removed and nothing "
+                     f"was published ({report.n_stored} new records had been added to it); {kept}. Free space "
+                     "on that filesystem (a create needs room for the whole new file beside the old one) and run again")
+    err.filename = path
+    err.report = report  # type: ignore[attr-defined]
+    return err
+
+
 def _raise_error(path: str, report: IngestReport) -> SourceError:
     """on_error="raise": one error that lists every bad source (``.failures`` holds them)."""
     fails = report.failures
-    lines = "\n".join(f"  {f.source} [{f.feature}] {f.error}: {f.message}" for f in fails)
+    lines = "\n".join(f"  {_shown(f.source)} [{f.feature}] {f.error}: {f.message}" for f in fails)
     err = SourceError(
         f"{len(fails)} of {report.n_sources} sources failed; {path} was not written "
         f"(fix them and run again with resume=True to load only what is missing):\n{lines}"
@@ -630,38 +773,202 @@ def _raise_error(path: str, report: IngestReport) -> SourceError:
     return err
 
 
-def _open_existing(cls: type[TypedFile], partial: str) -> TypedFile | None:
-    """The partial file to resume from, or None when absent or unusable."""
-    if not os.path.exists(partial):
-        return None
-    from h5store.errors import H5StoreError
+def _check_mode(mode: str | None, overwrite: bool) -> str | None:
+    """The mode create() runs in: None (refuse an existing target), "w" or "a"."""
+    if mode not in (None, "x", "w", "a"):
+        raise ValueError(f'mode must be None, "w" (replace an existing file) or "a" (append to it), got {mode!r}')
+    if overwrite:
+        if mode == "a":
+            raise ValueError('overwrite=True replaces the file, mode="a" appends to it: pass one of them')
+        return "w"
+    return None if mode == "x" else mode
 
+
+def _plain_class(cls: type[TypedFile]) -> type[TypedFile]:
+    """TypedFile itself (this layer may not import it): opens a file with the schema it stores."""
+    return next(k for k in cls.__mro__ if k.__name__ == "TypedFile" and k.__module__ == "h5store.typed_file")
+
+
+def _open_base(cls: type[TypedFile], path: str, partial: str, mode: str | None,
+               resume: bool) -> tuple[TypedFile | None, str]:
+    """The file a create continues from, open read-only, and how: ``"resume"`` (the partial
+    file), ``"append"`` (the target, copied once the checks passed) or ``""`` (nothing).
+
+    Refuses an existing target without a mode, and a target to append to that cannot be read:
+    only a partial file damaged by a kill is ever started over, never the target.
+    """
+    plain = _plain_class(cls)
+    damaged = ""
+    if resume and os.path.exists(partial):
+        try:
+            return plain(partial, mode="r"), "resume"
+        except LockedError:
+            raise  # another create is writing it
+        except (FormatError, OSError) as e:
+            # Damaged by a kill before its first commit or mid-flush: it is rebuilt, from the
+            # target when appending; the target itself is never started over.
+            damaged = f" and its partial file cannot be resumed ({e}), so the run starts over"
+    if os.path.isdir(path):
+        raise TargetExistsError(f"{path} is a folder: give the path of the .h5 file to write")
+    if not os.path.lexists(path):
+        return None, ""
+    if mode is None:
+        raise TargetExistsError(
+            f'{path} already exists{damaged}: pass mode="w" to replace it, or mode="a" to add the sources it '
+            "does not hold yet"
+        )
+    if mode == "w":
+        return None, ""
     try:
-        return cls(partial, mode="r")
-    except (H5StoreError, OSError):
-        # A partial file damaged by a kill mid-flush: start over (the target is untouched).
-        os.unlink(partial)
-        return None
+        return plain(path, mode="r"), "append"
+    except LockedError:
+        raise
+    except (H5StoreError, OSError) as e:
+        raise FormatError(
+            f'{path}: cannot append: it is not a readable h5store file ({e}); it was left as it is '
+            '(check it with `h5store verify`, or replace it with mode="w")'
+        ) from None
+
+
+def _plan(declared: dict[str, Feature], all_sources: list[Source], base: TypedFile | None,
+          report: IngestReport) -> tuple[dict[str, Source], list[tuple[Source, list[str]]]]:
+    """Which features load which source, dropping ids ``base`` holds already.
+
+    Returns the sources that keep their id (by their id as given) and the work to load. A
+    source whose name makes no valid id, and every source of an id more than one source has,
+    go to ``report.failures`` instead; content features create ids, annotations (labels, CSV
+    columns) only add to them, unless nothing else loads.
+    """
+    content = {n for n, f in declared.items() if not f.annotation} or set(declared)
+    by_id: dict[str, list[tuple[Source, list[str]]]] = {}
+    listed: set[tuple[str, str]] = set()
+    for s in all_sources:
+        names = [n for n, f in declared.items() if f.accepts(s)]
+        if not content.intersection(names):
+            continue
+        again = (str(s), json.dumps(s.meta, sort_keys=True))
+        if again in listed:
+            continue  # the same file given twice (a folder and a glob over it): one source
+        listed.add(again)
+        report.n_sources += 1
+        try:
+            key = normalize_id(s.id)
+        except ValueError as e:
+            report.failures.append(Failure(s.id, "*", "InvalidIdError", f"{e}: rename the source", str(s)))
+            continue
+        by_id.setdefault(key, []).append((s, names))
+    seen: dict[str, Source] = {}
+    work: list[tuple[Source, list[str]]] = []
+    for key, group in by_id.items():
+        if base is not None and key in base:
+            report.n_skipped += len(group)  # stored already: nothing is loaded
+            seen.update((s.id, s) for s, _ in group)
+            continue
+        if len(group) > 1:
+            # Storing any one of them would put that source's content under an id the others
+            # name too: all are reported, none is stored, until all but one are renamed.
+            for s, _ in group:
+                others = ", ".join(_shown(str(o)) for o, _ in group if o is not s)
+                report.failures.append(Failure(
+                    key, "*", "DuplicateIdError", f"{_shown(str(s))} has the same id as {others}: none of them "
+                    "is stored; rename or remove all but one", str(s)))
+            continue
+        seen[group[0][0].id] = group[0][0]
+        work.append(group[0])
+    return seen, work
+
+
+def _prepare(cls: type[TypedFile], declared: dict[str, Feature], sources: list[Source], base: TypedFile | None,
+             action: str) -> dict[str, Feature]:
+    """Each declared feature's :meth:`~h5store.schema.Feature.prepare`; with a ``base`` file,
+    first refuse a feature stored with other parameters than the class declares.
+
+    Parameters that ``prepare`` learns (a label vocabulary, an ``sr=None`` audio rate) may
+    differ, and ``pattern`` (which sources a feature takes, not how it computes an item).
+    """
+    stored = base.features if base is not None else {}
+    out = {}
+    for name, feat in declared.items():
+        accepted = [s for s in sources if feat.accepts(s)]
+        old = stored.get(name)
+        if old is None:
+            out[name] = feat.prepare(accepted, None)
+            continue
+        if old.type_name != feat.type_name:
+            raise SchemaError(_refusal(base, action, name, f"was stored as {old.type_name}, "  # type: ignore[arg-type]
+                                       f"{cls.__name__} declares {feat.type_name}"))
+        mine, theirs = _plain_params(feat), _plain_params(old)
+        own = [f.name for f in dataclasses.fields(feat) if f.name not in _BASE_FIELDS]
+        diff = [k for k in own + sorted(_BASE_FIELDS) if k in mine and k in theirs and k != "pattern"
+                and mine[k] != theirs[k]]  # the class's own parameters first
+        try:
+            new = feat.prepare(accepted, old)
+        except SchemaError:
+            if not diff:
+                raise
+            new = None
+        if new is not None:
+            learned = _plain_params(new)
+            diff = [k for k in diff if learned.get(k) == mine[k]]
+        if diff:
+            # The class's own parameters first: a base one (shape) often only follows from them.
+            diff = [k for k in diff if k not in _BASE_FIELDS] or diff
+            was = " and ".join(f"{k}={getattr(old, k)!r}" for k in diff)
+            now = " and ".join(f"{k}={getattr(feat, k)!r}" for k in diff)
+            raise SchemaError(_refusal(base, action, name, f"was stored with {was}, {cls.__name__} declares {now}"))  # type: ignore[arg-type]
+        a, b = old.spec(), new.spec()  # type: ignore[union-attr]
+        if (a.dtype, a.shape, a.layout) != (b.dtype, b.shape, b.layout):
+            raise SchemaError(_refusal(base, action, name, f"is stored as {a.dtype} {a.shape} ({a.layout}), "  # type: ignore[arg-type]
+                                       f"{cls.__name__} declares {b.dtype} {b.shape} ({b.layout})"))
+        out[name] = new  # type: ignore[assignment]
+    return out
+
+
+_BASE_FIELDS = frozenset(f.name for f in dataclasses.fields(Feature))
+
+
+def _plain_params(feat: Feature) -> dict[str, Any]:
+    """``feat.params()`` as stored (JSON), so a tuple and the list it is read back as compare equal."""
+    return json.loads(json.dumps(feat.params(), default=str))
+
+
+def _refusal(base: TypedFile, action: str, name: str, what: str) -> str:
+    if action == "resume":
+        return (f"{base.path}: cannot resume: feature {name!r} {what}; resume with the parameters it was "
+                "built with, or start over without resume=True")
+    return (f"{base.path}: cannot append: feature {name!r} {what}; append with the stored parameters "
+            'or create a new file (mode="w")')
+
+
+def _discard(partial: str) -> None:
+    """Remove a partial file and its rollback journal (which would not fit the next one)."""
+    for p in (partial, journal_path(partial)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
 
 
 def _copy_file(src: str, dst: str) -> None:
-    import shutil
-
+    """Copy ``src`` to ``dst`` (fsynced), or leave nothing when the copy fails (a full disk)."""
     tmp = dst + ".copying"
-    shutil.copyfile(src, tmp)
-    _fsync_file(tmp)
-    os.replace(tmp, dst)
-
+    try:
+        shutil.copyfile(src, tmp)
+        _fsync_file(tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def merge(cls: type[TypedFile], shards: Sequence[str | os.PathLike[str]], path: str | os.PathLike[str], *,
-          block: int = 256, progress: bool = True) -> TypedFile:
+          overwrite: bool = False, block: int = 256, progress: bool = True) -> TypedFile:
     """Merge complete h5store files (e.g. shards built on different nodes) into one.
 
     Stored items are copied as they are, never decoded and loaded again. Ids must be unique
     across shards, and parameters learned at create (a label vocabulary) must agree, or the
     merged labels would silently mean different things: both raise. The result appears at
-    ``path`` only when complete, like :func:`create`.
+    ``path`` only when complete, like :func:`create`; a file already there is refused with
+    :class:`~h5store.errors.TargetExistsError` unless ``overwrite=True``.
 
     Examples
     --------
@@ -672,9 +979,10 @@ def merge(cls: type[TypedFile], shards: Sequence[str | os.PathLike[str]], path: 
     from h5store.errors import SchemaError
 
     path = os.fspath(path)
+    if os.path.exists(path) and not overwrite:
+        raise TargetExistsError(f"{path} already exists: pass overwrite=True to replace it with the merged file")
     partial = _partial_path(path)
-    if os.path.exists(partial):
-        os.unlink(partial)
+    _discard(partial)
     out = cls(partial, mode="w")
     failures: list[Failure] = []
     try:

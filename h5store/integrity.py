@@ -38,10 +38,12 @@ from h5store.safety import (
     Limits,
     Superblock,
     check_untrusted,
+    duplicate_ids,
     read_superblock,
+    storage_problem,
 )
 from h5store.schema import Schema
-from h5store.storage import IDS, Column, ColumnSpec, check_root
+from h5store.storage import IDS, Column, ColumnSpec, check_root, read_whole
 
 __all__ = [
     "H5StoreSecurityWarning",
@@ -154,9 +156,11 @@ class VerifyReport:
             return "; ".join(parts)
         if self.fatal is not None:
             return self.fatal
+        quick = "" if self.deep else ("; structure only: item data was not read (its CRC-32s not checked; "
+                                      "check every item with deep=True, `h5store verify` without --quick)")
         if self.n_problems:
-            return f"{self.path}: {self.n_problems} problem(s) in {counts}"
-        return f"{self.path}: OK: {counts}"
+            return f"{self.path}: {self.n_problems} problem(s) in {counts}{quick}"
+        return f"{self.path}: OK: {counts}{quick}"
 
     def lines(self) -> list[str]:
         """The summary, then one line per problem (at most ``max_errors``)."""
@@ -194,7 +198,7 @@ def _err(e: BaseException) -> str:
 
 
 # --------------------------------------------------------------------------- verify
-def verify(path: str | os.PathLike[str], deep: bool = False, untrusted: bool = False, max_errors: int = 1000, *,
+def verify(path: str | os.PathLike[str], deep: bool = True, untrusted: bool = False, max_errors: int = 1000, *,
            limits: Limits | None = None, block_bytes: int = BLOCK_BYTES) -> VerifyReport:
     """Check a file and report every problem, by group, feature and id.
 
@@ -202,15 +206,17 @@ def verify(path: str | os.PathLike[str], deep: bool = False, untrusted: bool = F
     items lost), the root attributes and schema, every group's ids table (index bounds,
     each id's CRC-32, valid and unique ids, one row per id in every feature), every
     feature's index (shape, bounds, one row per fixed item, absent items), blob frames,
-    and checksum lengths. With ``deep=True`` every item's bytes are read, at most
-    ``block_bytes`` at a time, and compared with its stored CRC-32.
+    and checksum lengths. By default (``deep=True``) every item's bytes are read, at most
+    ``block_bytes`` at a time, and compared with its stored CRC-32; ``deep=False`` is the
+    quick structure-only check, and its summary says that item data was not read.
 
     Parameters
     ----------
     path : str or Path
         The file.
     deep : bool
-        Read every item and check its CRC-32 (reads the whole file once).
+        Read every item and check its CRC-32 (reads the whole file once; the default).
+        False: structure only, no item data read (a flipped data byte goes unseen).
     untrusted : bool
         First run :func:`~h5store.safety.check_untrusted`; a refusal is reported as
         ``fatal`` and nothing else is read. BEWARE: HDF5 still parses the file in this
@@ -433,6 +439,12 @@ class _Checker:
             return f"declares {nbytes} bytes ({ds.shape} x {ds.dtype}) in a file of {self.file_size} bytes"
         return None
 
+    @staticmethod
+    def outside(ds: h5py.Dataset) -> str | None:
+        """Why ``ds``'s bytes would come from another file (not read then), or None."""
+        why = storage_problem(ds.id.get_create_plist(), detail=True)
+        return f"{why}: not read, h5store reads only data inside the file" if why else None
+
     def table(self, ds: h5py.Dataset, group: str, feature: str, what: str) -> np.ndarray | None:
         """Read a whole index-like table, bounded by the file's size; None when unreadable."""
         if self.lost_after is not None:
@@ -445,12 +457,13 @@ class _Checker:
             if lost:
                 self.unreadable(group, feature, what, "lost in the truncation")
                 return None
-        why = self.too_large(ds)
+        why = self.too_large(ds) or self.outside(ds)
         if why:
             self.unreadable(group, feature, what, why)
             return None
         try:
-            return np.asarray(ds[...])
+            # Compressed tables too are decoded no further than their chunks' declared size.
+            return np.asarray(read_whole(ds, self.path, f"{self.path}:{ds.name}"))
         except Exception as e:  # noqa: BLE001 - HDF5 reports damaged chunks as OSError, or worse
             self.unreadable(group, feature, what, e)
             return None
@@ -505,18 +518,8 @@ class _Checker:
         return _Ids(idx, data, valid)
 
     def _duplicates(self, gname: str, idx: np.ndarray, raw: bytes, crc: np.ndarray, valid: np.ndarray) -> None:
-        rows = np.flatnonzero(valid)
-        if rows.size < 2:
-            return
-        order = rows[np.argsort(crc[rows], kind="stable")]
-        same = np.flatnonzero(crc[order][1:] == crc[order][:-1])
-        seen: dict[bytes, int] = {}
-        for k in sorted(set(same.tolist()) | {i + 1 for i in same.tolist()}):
-            row = int(order[k])
-            key = raw[idx[row, 0] : idx[row, 1]]
-            first = seen.setdefault(key, row)
-            if first != row:
-                self.problem(gname, IDS, f"duplicate of the id at row {first}", row)
+        for row, first in duplicate_ids(idx, raw, crc, valid):
+            self.problem(gname, IDS, f"duplicate of the id at row {first}", row)
 
     def feature(self, gname: str, g: h5py.Group, name: str, spec: ColumnSpec, ids: _Ids | None,
                 n_ids: int | None) -> None:
@@ -550,7 +553,7 @@ class _Checker:
         data_rows = int(col.data.shape[0])
         s, e = idx[:, 0], idx[:, 1]
         absent = (s == -1) & (e == -1)
-        huge = self.too_large(col.data)
+        huge = self.too_large(col.data) or self.outside(col.data)
         if huge:
             # Items would read fill values from unallocated chunks: gigabytes of nothing.
             self.r.items += int((~absent).sum())
@@ -782,7 +785,7 @@ def _child_main(args: dict[str, Any]) -> int:
     return 0
 
 
-def verify_in_subprocess(path: str | os.PathLike[str], deep: bool = False, untrusted: bool = True, *,
+def verify_in_subprocess(path: str | os.PathLike[str], deep: bool = True, untrusted: bool = True, *,
                          timeout: float = 300.0, max_memory: int = 2 << 30, max_errors: int = 1000,
                          block_bytes: int = BLOCK_BYTES) -> VerifyReport:
     """:func:`verify` in a fresh child process limited in memory and time.

@@ -39,9 +39,13 @@ __all__ = [
     "H5StoreSecurityWarning",
     "Limits",
     "Superblock",
+    "check_local",
     "check_untrusted",
+    "duplicate_ids",
     "hdf5_advisories",
+    "link_problem",
     "read_superblock",
+    "storage_problem",
 ]
 
 #: HDF5 filter ids h5store files may use: what h5py decodes without plugins, minus the
@@ -298,6 +302,134 @@ def _parse_superblock(head: bytes, offset: int, size: int) -> Superblock | str:
     return Superblock(version, offset, eof, checksum_ok)
 
 
+# --------------------------------------------------------------------------- data outside the file
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def link_problem(gid: Any, name: bytes, detail: bool = False) -> str | None:
+    """Why following link ``name`` of group ``gid`` could leave the file's own objects, or None.
+
+    Hard links are plain; soft links (h5store never writes one: they may lead through an
+    external link), external links and user-defined links are not. ``detail`` adds where
+    an external link points (the untrusted checks leave it out of their messages).
+
+    Examples
+    --------
+    >>> link_problem(f.id, b"mel")  # doctest: +SKIP
+    """
+    info = gid.links.get_info(name)
+    if info.type == h5py.h5l.TYPE_HARD:
+        return None
+    if info.type == h5py.h5l.TYPE_SOFT:
+        return "soft link (may point anywhere in the file)"
+    if info.type == h5py.h5l.TYPE_EXTERNAL:
+        if detail:
+            target, obj = gid.links.get_val(name)
+            return f"external link to {_text(obj)!r} in {_text(target)!r} (would open another file)"
+        return "external link (would open another file)"
+    return f"user-defined link of type {info.type}"
+
+
+def storage_problem(dcpl: Any, detail: bool = False) -> str | None:
+    """Why a dataset's bytes would come from outside the file (external raw storage, a
+    virtual dataset), or None. ``detail`` names the first other file.
+
+    Examples
+    --------
+    >>> storage_problem(ds.id.get_create_plist(), detail=True)  # doctest: +SKIP
+    "external raw storage (its bytes live in another file: '/etc/passwd')"
+    """
+    if dcpl.get_layout() == h5py.h5d.VIRTUAL:
+        if detail and dcpl.get_virtual_count():
+            return (f"virtual dataset (maps data of other datasets or files: "
+                    f"{_text(dcpl.get_virtual_filename(0))!r})")
+        return "virtual dataset (maps data of other datasets or files)"
+    if dcpl.get_external_count():
+        if detail:
+            return f"external raw storage (its bytes live in another file: {_text(dcpl.get_external(0)[0])!r})"
+        return "external raw storage (its bytes live in another file)"
+    return None
+
+
+_COLUMN_PARTS = (b"data", b"index", b"checksum", b"frames")
+_OPT_IN = ("refused: h5store reads only data stored inside the file. Open it with allow_external=True only if "
+           "you trust the file and what it points to")
+_NEVER = ("refused: h5store opens files through a file object, and HDF5 cannot follow that through one (an "
+          "external link fails to open, a virtual dataset crashes the process); copy the data into the file")
+
+
+def check_local(h5file: h5py.File, path: str, groups: Mapping[str, Any], allow_external: bool = False) -> None:
+    """Refuse an h5store file whose own datasets would read bytes from outside it.
+
+    What every trusted open runs (``h5store.open``, ``TypedFile(path)``): on the path to
+    the objects h5store reads (each group of the schema, its ids table and features, their
+    ``data``, ``index``, ``checksum`` and ``frames``), not on every object of the file, so
+    it costs microseconds per dataset. HDF5 would otherwise read another file (say
+    ``/etc/passwd``) as if it were the feature's data. External raw storage and soft links
+    are refused unless ``allow_external``; external links, user-defined links and virtual
+    datasets always (HDF5 cannot follow them through the file object h5store opens files
+    with: measured, a virtual dataset crashed the process). Objects that are missing or
+    unreadable are left to the reads that use them, which report them.
+
+    Parameters
+    ----------
+    h5file : h5py.File
+        The open file.
+    path : str
+        Names the file in messages.
+    groups : Mapping
+        Group name ("" for the root) -> its feature names (the schema's ``groups``).
+    allow_external : bool
+        The caller's opt-in (``h5store.open(path, allow_external=True)``).
+
+    Raises
+    ------
+    FormatError
+        Naming the file, the object, where it points and, where one exists, the opt-in.
+
+    Examples
+    --------
+    >>> check_local(f.h5, f.path, f.file_schema.groups)  # doctest: +SKIP
+    """
+    for gname, feats in groups.items():
+        g = h5file.id
+        if gname:
+            g = _local_child(g, gname.encode("utf-8"), path, f"/{gname}", allow_external)
+            if g is None:
+                continue
+        base = f"/{gname}" if gname else ""
+        for name in (IDS, *feats):
+            col = _local_child(g, name.encode("utf-8"), path, f"{base}/{name}", allow_external)
+            if col is None:
+                continue
+            for part in _COLUMN_PARTS:
+                _local_child(col, part, path, f"{base}/{name}/{part.decode()}", allow_external, dataset=True)
+
+
+def _local_child(g: Any, name: bytes, path: str, where: str, allow_external: bool, dataset: bool = False) -> Any:
+    """The group behind link ``name`` (with ``dataset``: True), after checking it; None
+    when absent or unreadable (the read that needs it reports that)."""
+    try:
+        try:
+            why = link_problem(g, name, detail=True)
+        except KeyError:
+            return None  # absent
+        # Only a soft link (inside the file) and external raw storage can be opted into.
+        opt_in = why is not None and g.links.get_info(name).type == h5py.h5l.TYPE_SOFT
+        if why is None or (opt_in and allow_external):
+            if not dataset:
+                return h5py.h5g.open(g, name)
+            dcpl = h5py.h5d.open(g, name).get_create_plist()
+            why = storage_problem(dcpl, detail=True)
+            opt_in = why is not None and dcpl.get_layout() != h5py.h5d.VIRTUAL
+            if why is None or (opt_in and allow_external):
+                return True
+    except (OSError, KeyError, RuntimeError, ValueError, TypeError):
+        return None  # not a group (dataset), or damaged metadata: the read of this object reports it
+    raise FormatError(f"{path}:{where}: {why}; {_OPT_IN if opt_in else _NEVER}")
+
+
 # --------------------------------------------------------------------------- the walk
 def _nbytes(shape: tuple[int, ...], itemsize: int) -> int:
     n = itemsize
@@ -328,13 +460,9 @@ class _Walk:
             self.objects += 1
             if self.objects > self.limits.max_objects:
                 raise self.refuse(where, f"more than {self.limits.max_objects} objects")
-            info = g.id.links.get_info(raw)
-            if info.type == h5py.h5l.TYPE_SOFT:
-                raise self.refuse(_join(where, name), "soft link (may point anywhere in the file)")
-            if info.type == h5py.h5l.TYPE_EXTERNAL:
-                raise self.refuse(_join(where, name), "external link (would open another file)")
-            if info.type != h5py.h5l.TYPE_HARD:
-                raise self.refuse(_join(where, name), f"user-defined link of type {info.type}")
+            why = link_problem(g.id, raw)
+            if why:
+                raise self.refuse(_join(where, name), why)
             names.append(name)
         return names
 
@@ -378,10 +506,9 @@ class _Walk:
         self.attrs(obj, where)
         dcpl = obj.id.get_create_plist()
         layout = dcpl.get_layout()
-        if layout == h5py.h5d.VIRTUAL:
-            raise self.refuse(where, "virtual dataset (maps data of other datasets or files)")
-        if dcpl.get_external_count():
-            raise self.refuse(where, "external raw storage (its bytes live in another file)")
+        why = storage_problem(dcpl)
+        if why:
+            raise self.refuse(where, why)
         filtered = False
         for i in range(dcpl.get_nfilters()):
             code = int(dcpl.get_filter(i)[0])
@@ -497,8 +624,10 @@ def check_untrusted(h5file: h5py.File, path: str | None = None, limits: Limits |
     ``limits.max_ratio`` x the file (filtered); chunks larger than
     ``limits.max_chunk_bytes`` once decompressed, or stored outside the file, or whose rank
     differs from the dataset's; oversized attributes. Then it checks that ids, indexes and
-    checksums agree and that every index row lies inside its data, before anything reads
-    an item. Warns :class:`H5StoreSecurityWarning` when the HDF5 in use has published CVEs.
+    checksums agree, that every index row lies inside its data and that no id repeats (a
+    repeated id hides the item of its second copy), before anything reads an item. Every
+    later read decodes compressed chunks no further than their declared size
+    (:class:`~h5store.storage.ChunkReader`). Warns :class:`H5StoreSecurityWarning` when the HDF5 in use has published CVEs.
 
     Parameters
     ----------
@@ -597,6 +726,40 @@ def _check_column(walk: _Walk, parent: h5py.Group, name: str, spec: ColumnSpec, 
             raise walk.refuse(_join(where, ds), f"dtype {g[ds].dtype} is not an integer")
 
 
+def duplicate_ids(index: np.ndarray, raw: bytes, crc: np.ndarray, valid: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """``(row, first)`` for every id that repeats the id at an earlier row ``first``.
+
+    ``index`` is the ids table's ``(N, 2)`` ``[start, stop)`` bytes of ``raw``, ``crc`` each
+    id's stored CRC-32, ``valid`` the rows to consider (default: all). Vectorised: rows are
+    sorted by CRC-32 and only ids whose CRC-32 equals a neighbour's have their bytes
+    compared. A repeated id makes every later copy unreachable (a lookup finds the first).
+    Used by :func:`h5store.integrity.verify` and by the untrusted checks.
+
+    Examples
+    --------
+    >>> import zlib
+    >>> ids = [b"k0", b"k0", b"k2", b"k3"]
+    >>> stops = np.cumsum([len(i) for i in ids])
+    >>> index = np.stack([stops - 2, stops], axis=1)
+    >>> duplicate_ids(index, b"".join(ids), np.array([zlib.crc32(i) for i in ids], np.uint32))
+    [(1, 0)]
+    """
+    rows = np.arange(len(index)) if valid is None else np.flatnonzero(valid)
+    if rows.size < 2:
+        return []
+    order = rows[np.argsort(crc[rows], kind="stable")]
+    same = np.flatnonzero(crc[order][1:] == crc[order][:-1])
+    out = []
+    seen: dict[bytes, int] = {}
+    for k in sorted(set(same.tolist()) | {i + 1 for i in same.tolist()}):
+        row = int(order[k])
+        key = raw[int(index[row, 0]) : int(index[row, 1])]
+        first = seen.setdefault(key, row)
+        if first != row:
+            out.append((row, first))
+    return out
+
+
 def _check_consistency(f: h5py.File, path: str, specs: Mapping[str, Mapping[str, ColumnSpec]]) -> None:
     """Ids, indexes and checksums agree, and every index row lies inside its data.
 
@@ -612,6 +775,14 @@ def _check_consistency(f: h5py.File, path: str, specs: Mapping[str, Mapping[str,
             ids = Column(g[IDS], _IDS_SPEC, f"{where.rstrip('/')}/{IDS}", False, path)
             for col in [ids, *store.columns.values()]:
                 _ = col.index, col.checksums
+            # Every id once: a repeated id hides the item of its second copy (ids are
+            # checked against their CRC-32 as they are read).
+            raw = ids.read_ranges(np.array([0]), np.array([ids._size]))[0].tobytes() if ids._size else b""
+            dup = duplicate_ids(ids.index, raw, ids.checksums)
+            if dup:
+                row, first = dup[0]
+                raise FormatError(f"{where.rstrip('/')}/{IDS}: the id at row {row} repeats the id at row {first} "
+                                  "(ids must be unique: the second cannot be reached)")
         except FormatError as e:
             raise FormatError(f"{e}; refused (untrusted file)") from None
         except (OSError, KeyError, ValueError) as e:

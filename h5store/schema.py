@@ -170,6 +170,7 @@ class Feature:
         super().__init_subclass__(**kwargs)
         if "type_name" not in cls.__dict__:
             cls.type_name = f"{cls.__module__}.{cls.__qualname__}"
+        _plain_overrides(cls)
         dataclass(frozen=True, kw_only=True, eq=False, repr=False)(cls)
         register_feature(cls)
 
@@ -304,6 +305,35 @@ class Feature:
         own = {k: v for k, v in self.params().items() if k not in _BASE_DEFAULTS or _BASE_DEFAULTS[k] != v}
         args = ", ".join(f"{k}={v!r}" for k, v in own.items())
         return f"{type(self).__name__}({args})"
+
+
+def _plain_overrides(cls: type) -> None:
+    """Make ``pattern = r"\\.npy$"`` in a subclass body override the inherited parameter.
+
+    Users of h5mapper and of plain Python classes set defaults as plain class attributes,
+    without an annotation; a dataclass would ignore those (the inherited field keeps its
+    default). Each plain assignment to an inherited parameter becomes an annotated field with
+    the new default; a list default becomes a tuple, a dict one a per-instance copy.
+    """
+    inherited = {f.name: f for base in cls.__mro__[1:] if dataclasses.is_dataclass(base)
+                 for f in dataclasses.fields(base)}
+    own = cls.__dict__.get("__annotations__", {})
+    for name, value in list(cls.__dict__.items()):
+        if name not in inherited or name in own:
+            continue
+        if isinstance(value, (property, staticmethod, classmethod)):
+            raise SchemaError(f"{cls.__name__}.{name}: {name!r} is a feature parameter; "
+                              "it cannot be replaced by a property or method")
+        if isinstance(value, list):
+            value = tuple(value)
+        if isinstance(value, (dict, set)):
+            default = dict(value) if isinstance(value, dict) else set(value)
+            setattr(cls, name, field(default_factory=lambda d=default: type(d)(d)))  # type: ignore[misc]
+        else:
+            setattr(cls, name, value)
+        # Annotations are strings under ``from __future__ import annotations``; any will do.
+        cls.__annotations__ = {**own, name: inherited[name].type}
+        own = cls.__annotations__
 
 
 _BASE_DEFAULTS = {f.name: (f.default if f.default is not dataclasses.MISSING else {}) for f in dataclasses.fields(Feature)}

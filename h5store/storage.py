@@ -12,24 +12,31 @@ Storage knows nothing of Feature classes (as SQLAlchemy's Table knows nothing of
 it moves typed rows described by a :class:`ColumnSpec`.
 
 Reads are planned per batch (:func:`h5store.layout.plan_reads`) and go through one of
-three readers, chosen once per process:
+four readers, chosen once per process:
 
 * :class:`DirectReader` - uncompressed, unfiltered data, contiguous or chunked: byte offsets
   come from HDF5 once (``get_offset`` or the chunk table from ``chunk_iter``), then every read
   is an ``os.preadv`` straight into the result array. No HDF5 call, no HDF5 global lock, and
   the GIL is released during the copy, so threads read in parallel.
-* :class:`H5Reader` - anything else (compressed, filtered, or a file open for writing):
-  ``read_direct`` per coalesced run, with a chunk cache.
+* :class:`ChunkReader` - compressed or filtered data (gzip, lzf, shuffle, fletcher32): each
+  chunk's stored bytes decoded by h5store (``zlib``, liblzf, numpy), never past the chunk's
+  declared size. HDF5's own filters inflate without bound: a 1.8 MB file could make one read
+  allocate a gigabyte. A file open for writing reads its chunks through HDF5.
+* :class:`H5Reader` - anything else (a writer's unfiltered data, filters h5store does not
+  decode): ``read_direct`` per coalesced run, with a chunk cache.
 * :class:`MemoryReader` - an array already in memory (``in_memory=True`` serving).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import threading
 import weakref
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -44,6 +51,7 @@ from h5store.refs import Refs
 
 __all__ = [
     "FORMAT_VERSION",
+    "ChunkReader",
     "Column",
     "ColumnSpec",
     "DirectReader",
@@ -364,7 +372,425 @@ class MemoryReader:
         return np.concatenate([self.array[a:b] for a, b in plan.runs.tolist()]) if len(plan.runs) else self.array[:0]
 
 
-Reader = DirectReader | H5Reader | MemoryReader
+# --------------------------------------------------------------------------- bounded chunk decoding
+#: HDF5 filter ids the chunk reader decodes itself (h5py's numbering).
+_DEFLATE, _SHUFFLE, _FLETCHER32, _LZF = 1, 2, 3, 32000
+
+
+class _TooLarge(Exception):
+    """A chunk's stream would decode to more bytes than the chunk declares."""
+
+
+def _stored_limit(chunk_bytes: int) -> int:
+    """Most bytes a valid filtered chunk of ``chunk_bytes`` stores.
+
+    zlib's worst case is ``compressBound`` (n + n/4096 + n/16384 + n/2^25 + 13); h5py's lzf
+    filter stores at most ``n`` bytes (it leaves a chunk uncompressed otherwise);
+    fletcher32 adds 4. A margin above those covers every pipeline h5store writes.
+    """
+    return chunk_bytes + chunk_bytes // 16 + 1024
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+    """A zlib stream decoded into at most ``limit`` bytes; :class:`_TooLarge` past that."""
+    z = zlib.decompressobj()
+    out = z.decompress(data, limit + 1)  # one byte more than allowed says "too large"
+    if len(out) > limit:
+        raise _TooLarge
+    if not z.eof:  # all input used, and no end of stream
+        raise zlib.error("incomplete or truncated stream")
+    return out
+
+
+_LIBLZF: list[Any] = []  # [liblzf's lzf_decompress, or None], found on first use
+
+
+def _liblzf() -> Any:
+    """``lzf_decompress`` of the liblzf that h5py bundles (in ``h5py.h5z``), or None."""
+    if not _LIBLZF:
+        fn = None
+        try:
+            import ctypes
+
+            from h5py import h5z
+
+            fn = ctypes.CDLL(h5z.__file__, use_errno=True).lzf_decompress
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint]
+            fn.restype = ctypes.c_uint
+        except (OSError, AttributeError, ImportError):
+            fn = None
+        _LIBLZF.append(fn)
+    return _LIBLZF[0]
+
+
+def _lzf(data: bytes, limit: int) -> bytes | np.ndarray:
+    """An LZF chunk decoded into at most ``limit`` bytes: liblzf's ``lzf_decompress`` (given
+    an output buffer of ``limit`` bytes, it stops there), else :func:`_lzf_decode`."""
+    fn = _liblzf()
+    if fn is None or not data or limit >= 1 << 32:
+        return _lzf_decode(data, limit)
+    import ctypes
+
+    out = np.empty(limit, np.uint8)
+    n = fn(data, len(data), out.ctypes.data, limit)  # ctypes releases the GIL
+    if n == 0:
+        if ctypes.get_errno() == errno.E2BIG:
+            raise _TooLarge
+        raise zlib.error("invalid lzf stream")
+    return out[:n]
+
+
+def _lzf_decode(data: bytes, limit: int) -> bytes:
+    """LZF (liblzf's format, h5py's filter 32000) decoded into at most ``limit`` bytes.
+
+    h5py's own filter grows its output buffer until the stream ends; this decoder stops
+    at ``limit`` (:class:`_TooLarge`) and refuses references before the start. Pure
+    Python (~40x slower than liblzf): used where h5py's liblzf cannot be found.
+    """
+    out = bytearray()
+    i, n = 0, len(data)
+    while i < n:
+        ctrl = data[i]
+        i += 1
+        if ctrl < 32:  # a literal run of ctrl + 1 bytes
+            ln = ctrl + 1
+            if i + ln > n:
+                raise zlib.error("lzf literal run past the end of the stream")
+            if len(out) + ln > limit:
+                raise _TooLarge
+            out += data[i : i + ln]
+            i += ln
+            continue
+        ln = ctrl >> 5  # a back reference: length - 2, then the distance - 1
+        if ln == 7:
+            if i >= n:
+                raise zlib.error("lzf stream ends inside a back reference")
+            ln += data[i]
+            i += 1
+        if i >= n:
+            raise zlib.error("lzf stream ends inside a back reference")
+        off = ((ctrl & 0x1F) << 8) + data[i] + 1
+        i += 1
+        ln += 2
+        if off > len(out):
+            raise zlib.error("lzf back reference before the start of the chunk")
+        if len(out) + ln > limit:
+            raise _TooLarge
+        start = len(out) - off
+        if off >= ln:
+            out += out[start : start + ln]
+        else:  # overlapping: the last `off` bytes repeat
+            out += (out[start:] * (ln // off + 1))[:ln]
+    return bytes(out)
+
+
+def _fletcher32(data: bytes) -> int:
+    """HDF5's ``H5_checksum_fletcher32`` (big-endian 16-bit words, sums folded mod 65535)."""
+    if len(data) % 2:
+        data = data + b"\0"
+    words = np.frombuffer(data, ">u2").astype(np.int64)
+    if not words.any():
+        return 0
+    n = len(words)
+    s1 = int(words.sum()) % 65535
+    weights = (np.arange(n, 0, -1, dtype=np.int64) % 65535)
+    s2 = int(((words * weights) % 65535).sum()) % 65535
+    # HDF5 folds a non-zero sum to 1..65535, never 0.
+    return ((s2 or 65535) << 16) | (s1 or 65535)
+
+
+def _check_fletcher32(data: bytes) -> bytes:
+    if len(data) < 4:
+        raise zlib.error("fletcher32: chunk shorter than its checksum")
+    body, stored = data[:-4], int.from_bytes(data[-4:], "little")
+    got = _fletcher32(body)
+    # HDF5 also accepts the byte order written by releases before 1.6.3.
+    swapped = ((got & 0x00FF00FF) << 8) | ((got >> 8) & 0x00FF00FF)
+    if stored not in (got, swapped):
+        raise zlib.error(f"fletcher32 checksum mismatch (stored {stored:#010x}, computed {got:#010x})")
+    return body
+
+
+def _unshuffle(data: bytes | np.ndarray, itemsize: int) -> np.ndarray:
+    """Undo HDF5's byte shuffle: byte 0 of every element, then byte 1, ..."""
+    raw = np.frombuffer(data, np.uint8)
+    whole = len(raw) // itemsize * itemsize
+    planes = raw[:whole].reshape(itemsize, -1)
+    out = np.empty(len(raw), np.uint8)
+    grid = out[:whole].reshape(-1, itemsize)
+    for j in range(itemsize):  # one strided copy per byte plane: ~5x faster than planes.T.copy()
+        grid[:, j] = planes[j]
+    out[whole:] = raw[whole:]  # a tail shorter than one element is stored as is
+    return out
+
+
+class ChunkReader:
+    """Reads filtered chunked data (gzip, lzf, shuffle, fletcher32) itself, never past a chunk's size.
+
+    HDF5's deflate filter (and h5py's lzf filter) grow their output until the stream
+    ends, so a chunk declaring 64 KiB can inflate to gigabytes before HDF5 looks at its
+    size: a 1.8 MB file made a read take a minute and a gigabyte. This reader asks HDF5
+    once for the address of every chunk (``chunk_iter``), reads a chunk's stored bytes
+    with ``os.pread`` (bounded by the size a valid chunk can store), and undoes the
+    filters with :mod:`zlib`, liblzf (the copy h5py bundles; a pure-Python decoder where
+    it cannot be found) and numpy, each stopped at the chunk's declared size: a chunk that would decode to more, to less, or does not decode at all
+    raises :class:`~h5store.errors.CorruptRecordError` naming the file, the dataset and the
+    chunk. Unallocated chunks read as the fill value, as through HDF5.
+
+    ``pread`` and ``zlib`` release the GIL and take no HDF5 lock, so threads decode in
+    parallel. The chunks last read are kept (``cache_bytes``, like HDF5's chunk cache of
+    an h5store file), shared by the threads. A writer's reader (``via_hdf5``) asks HDF5 for
+    each chunk instead (``read_direct_chunk``): its chunks move as it writes, and HDF5
+    holds what it has not yet written to the file.
+
+    Examples
+    --------
+    >>> r = ChunkReader.for_dataset(f.h5["mel/data"], f.path)  # doctest: +SKIP
+    >>> r.read_runs(plan_reads(np.array([0]), np.array([10])))  # doctest: +SKIP
+    """
+
+    stable = False  # a compressed chunk rewritten by a commit moves: rebound after commits
+
+    def __init__(self, ds: h5py.Dataset, path: str, where: str | None = None, cache_bytes: int = 16 << 20,
+                 via_hdf5: bool = False) -> None:
+        self.path = path
+        self.where = where or f"{path}:{ds.name}"
+        self.shape = tuple(int(d) for d in ds.shape)
+        self.dtype = ds.dtype
+        self.chunks = tuple(int(c) for c in ds.chunks)
+        self.chunk_rows = self.chunks[0]
+        self.chunk_bytes = int(np.prod(self.chunks, dtype=np.int64)) * self.dtype.itemsize
+        plist = ds.id.get_create_plist()
+        self.filters = tuple(int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters()))
+        fill = ds.fillvalue
+        self.fill = np.zeros((), self.dtype) if fill is None else np.asarray(fill, self.dtype)
+        # The grid of chunks across a row (one cell when chunks hold whole rows, as h5store writes).
+        self.grid = tuple(-(-s // c) for s, c in zip(self.shape[1:], self.chunks[1:]))
+        self.ncell = int(np.prod(self.grid, dtype=np.int64))
+        self.cache_chunks = max(1, cache_bytes // max(self.chunk_bytes, 1))
+        self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = -1
+        self.ds = ds if via_hdf5 else None
+        if via_hdf5:
+            self.cache_chunks = 0  # its chunks change as it writes
+        else:
+            self._load_table(ds)
+
+    @classmethod
+    def for_dataset(cls, ds: h5py.Dataset, path: str, where: str | None = None, cache_bytes: int = 16 << 20,
+                    via_hdf5: bool = False) -> ChunkReader | None:
+        """A reader for ``ds`` when it is chunked plain numbers whose filters it decodes, else None.
+
+        None for unfiltered data (:class:`DirectReader`'s) and for filters other than
+        gzip, lzf, shuffle and fletcher32, which h5store never writes: those are left to
+        HDF5 (:class:`H5Reader`), and ``untrusted=True`` refuses them.
+        """
+        if ds.chunks is None or not ds.shape or ds.dtype.kind not in "biufc" or ds.dtype.hasobject:
+            return None
+        if ds.dtype.shape != () or ds.is_virtual or ds.external:
+            return None
+        plist = ds.id.get_create_plist()
+        filters = [int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters())]
+        if not filters or any(f not in (_DEFLATE, _SHUFFLE, _FLETCHER32, _LZF) for f in filters):
+            return None
+        return cls(ds, path, where, cache_bytes, via_hdf5)
+
+    def _load_table(self, ds: h5py.Dataset) -> None:
+        """The stored chunks, by key ``row chunk * ncell + cell``: only those HDF5 lists, so
+        the table's size follows the file's, not the shape it declares."""
+        nrc = -(-self.shape[0] // self.chunk_rows)
+        infos: list[Any] = []
+        if nrc and self.ncell:
+            ds.id.chunk_iter(infos.append)
+        found: list[tuple[int, int, int, int]] = []
+        for info in infos:
+            off = info.chunk_offset
+            if len(off) != len(self.chunks) or any(o % c for o, c in zip(off, self.chunks)):
+                raise CorruptRecordError(f"{self.where}: a chunk at {tuple(off)} is not on the chunk grid "
+                                         f"{self.chunks}; the file is damaged")
+            c = off[0] // self.chunk_rows
+            if c < nrc and info.byte_offset is not None:  # (past the rows the dataset holds now: unused)
+                cell = int(np.ravel_multi_index([o // ch for o, ch in zip(off[1:], self.chunks[1:])], self.grid))
+                found.append((c * self.ncell + cell, info.byte_offset, info.size, info.filter_mask))
+        found.sort()
+        table = np.array(found, np.int64).reshape(-1, 4)
+        self.keys, self.addr, self.size, self.mask = (np.ascontiguousarray(table[:, k]) for k in range(4))
+        # h5store's own files store every chunk: then a chunk's key is its place in the table.
+        self.dense = len(found) == nrc * self.ncell and bool(np.all(self.keys == np.arange(len(found))))
+
+    def _slot(self, key: int) -> int:
+        """Where chunk ``key`` is in the table, or -1 when it is not stored (fill value)."""
+        if self.dense:
+            return key
+        i = int(self.keys.searchsorted(key))
+        return i if i < len(self.keys) and int(self.keys[i]) == key else -1
+
+    def _cell_offset(self, cell: int) -> tuple[int, ...]:
+        return tuple(int(i) * ch for i, ch in zip(np.unravel_index(cell, self.grid), self.chunks[1:]))
+
+    def rebind(self, ds: h5py.Dataset) -> None:
+        """A writer committed: take the chunks' new addresses (a rewritten chunk moved).
+
+        Called under the commit lock. The decoded chunks are dropped: a chunk that was the
+        partial last one when it was decoded holds more rows now.
+        """
+        if self.ds is not None:
+            self.ds = ds
+            return
+        if tuple(int(d) for d in ds.shape[1:]) != self.shape[1:] or tuple(ds.chunks or ()) != self.chunks:
+            raise CorruptRecordError(f"{self.where}: the dataset changed layout while open")
+        self.shape = tuple(int(d) for d in ds.shape)
+        self._load_table(ds)
+        with self._lock:
+            self._cache.clear()
+
+    def _file(self) -> int:
+        if self._fd is None or self._pid != os.getpid():
+            self._fd = os.open(self.path, os.O_RDONLY)
+            self._pid = os.getpid()
+            self._closer = weakref.finalize(self, _close_fd, self._fd, self._pid)
+        return self._fd
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fd"], state["_pid"], state["_lock"], state["_cache"] = None, -1, None, OrderedDict()
+        state.pop("_closer", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        closer = self.__dict__.get("_closer")
+        if closer is not None and self._pid == os.getpid():
+            closer()
+        self._fd = None
+
+    def _raw(self, c: int, cell: int) -> tuple[bytes, int] | None:
+        """The stored bytes of chunk ``(c, cell)`` and its filter mask; None when unallocated."""
+        limit = _stored_limit(self.chunk_bytes)
+        if self.ds is not None:
+            offset = (c * self.chunk_rows, *self._cell_offset(cell))
+            info = self.ds.id.get_chunk_info_by_coord(offset)
+            if info.byte_offset is None:
+                return None
+            if info.size > limit:
+                raise self._refuse(c, f"stores {info.size} bytes, more than a valid chunk of {self.chunk_bytes} "
+                                   f"bytes can")
+            mask, raw = self.ds.id.read_direct_chunk(offset)
+            return bytes(raw), int(mask)
+        k = self._slot(c * self.ncell + cell)
+        if k < 0:
+            return None
+        at, n = int(self.addr[k]), int(self.size[k])
+        if n > limit:
+            raise self._refuse(c, f"stores {n} bytes, more than a valid chunk of {self.chunk_bytes} bytes can")
+        raw = os.pread(self._file(), n, at)
+        if len(raw) != n:
+            raise self._refuse(c, f"short read ({len(raw)} of {n} bytes at byte {at}): the file is truncated")
+        return raw, int(self.mask[k])
+
+    def _refuse(self, c: int, why: str) -> CorruptRecordError:
+        a = c * self.chunk_rows
+        return CorruptRecordError(f"{self.where}: chunk {c} (rows [{a}, {min(a + self.chunk_rows, self.shape[0])})) "
+                                  f"{why}; refused, nothing of it is returned (run `h5store verify --deep` on the "
+                                  "file, and recreate or restore it)")
+
+    def chunk(self, c: int, cell: int = 0) -> np.ndarray:
+        """Chunk ``c`` (of cell ``cell`` across a row) decoded: an array of the chunk shape."""
+        key = (c, cell)
+        if self.cache_chunks:
+            with self._lock:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self._cache.move_to_end(key)
+                    return hit
+        got = self._raw(c, cell)
+        if got is None:
+            return np.broadcast_to(self.fill, self.chunks)
+        data: bytes | np.ndarray = got[0]
+        mask = got[1]
+        limit = self.chunk_bytes
+        try:
+            for i in reversed(range(len(self.filters))):
+                if mask & (1 << i):
+                    continue  # this filter was skipped when the chunk was written
+                code = self.filters[i]
+                if code == _FLETCHER32:
+                    data = _check_fletcher32(bytes(data))
+                elif code == _DEFLATE:
+                    data = _inflate(bytes(data), limit)
+                elif code == _LZF:
+                    data = _lzf(bytes(data), limit)
+                else:
+                    data = _unshuffle(data, self.dtype.itemsize)
+        except _TooLarge:
+            raise self._refuse(c, f"decodes to more than its {limit} bytes (a decompression bomb, or damage)") from None
+        except (zlib.error, ValueError) as e:
+            raise self._refuse(c, f"does not decode ({e})") from None
+        nbytes = len(data) if isinstance(data, bytes) else int(data.nbytes)
+        if nbytes != limit:
+            raise self._refuse(c, f"decodes to {nbytes} bytes, not its {limit} bytes")
+        values = np.frombuffer(data, self.dtype).reshape(self.chunks)
+        if self.cache_chunks:
+            with self._lock:
+                self._cache[key] = values
+                while len(self._cache) > self.cache_chunks:
+                    self._cache.popitem(last=False)
+        return values
+
+    def read_runs(self, plan: ReadPlan) -> np.ndarray:
+        out = np.empty((plan.total, *self.shape[1:]), dtype=self.dtype)
+        rows = self.chunk_rows
+        whole = self.ncell == 1 and self.chunks[1:] == self.shape[1:]
+        o = 0
+        for a, b in plan.runs.tolist():
+            if b > self.shape[0]:
+                raise CorruptRecordError(f"{self.where}: read of rows [{a}, {b}) past the end ({self.shape[0]})")
+            while a < b:
+                c = a // rows
+                base = c * rows
+                end = min(b, base + rows)
+                if whole:
+                    out[o : o + end - a] = self.chunk(c)[a - base : end - base]
+                else:
+                    for k in range(self.ncell):
+                        box = tuple(slice(i, min(i + ch, s))
+                                    for i, ch, s in zip(self._cell_offset(k), self.chunks[1:], self.shape[1:]))
+                        part = tuple(slice(0, s.stop - s.start) for s in box)
+                        out[(slice(o, o + end - a), *box)] = self.chunk(c, k)[(slice(a - base, end - base), *part)]
+                o += end - a
+                a = end
+        return out
+
+
+def read_whole(ds: h5py.Dataset, path: str, where: str | None = None, rows: int | None = None,
+               via_hdf5: bool = False) -> np.ndarray:
+    """All rows of ``ds`` (or its first ``rows``), filtered chunks decoded by :class:`ChunkReader`.
+
+    For tables (index, checksum, frames) and whole-dataset copies: h5py's ``ds[...]`` on a
+    compressed dataset inflates each chunk without bound. Unfiltered data, and filters the
+    chunk reader does not decode, are read by h5py. ``via_hdf5`` for a file open for writing.
+
+    Examples
+    --------
+    >>> index = read_whole(f["mel/index"], "speech.h5")  # doctest: +SKIP
+    """
+    n = int(ds.shape[0]) if ds.shape else 0
+    n = n if rows is None else min(rows, n)
+    reader = ChunkReader.for_dataset(ds, path, where, cache_bytes=0, via_hdf5=via_hdf5)
+    if reader is None:
+        return ds[...] if rows is None else ds[:rows]
+    try:
+        return reader.read_runs(plan_reads(np.array([0], np.int64), np.array([n], np.int64)))
+    finally:
+        reader.close()
+
+
+Reader = DirectReader | H5Reader | MemoryReader | ChunkReader
 
 
 def item_crc(layout: str, item: Any) -> int:
@@ -503,7 +929,8 @@ class Column:
             if rows is not None and ds.shape[0] < rows:
                 raise CorruptRecordError(f"{self.where}: {what} has {ds.shape[0]} rows, {rows} expected")
             try:
-                return ds[...] if rows is None or self.writable else ds[:rows]
+                return read_whole(ds, self.path, f"{self.where}/{what}", None if rows is None or self.writable else rows,
+                                  via_hdf5=self.writable)
             except (OSError, RuntimeError, ValueError) as e:  # h5py's words for damaged chunks or B-trees
                 raise CorruptRecordError(f"{self.where}: {what} unreadable ({e})") from None
 
@@ -577,11 +1004,16 @@ class Column:
         if self._reader is None or (self._reader_pid != os.getpid() and not isinstance(self._reader, MemoryReader)):
             self._reader = None
             with self._h5():
-                if not self.writable:
-                    try:
+                try:
+                    if not self.writable:
                         self._reader = DirectReader.for_dataset(self.data, self.path)
-                    except (RuntimeError, OSError) as e:  # h5py's text for a damaged chunk B-tree
-                        raise CorruptRecordError(f"{self.where}: unreadable chunk table ({e})") from None
+                    if self._reader is None:
+                        # Compressed chunks are decoded here, never past their declared size
+                        # (HDF5's filters inflate without bound); a writer's through HDF5.
+                        self._reader = ChunkReader.for_dataset(self.data, self.path, self.where,
+                                                               via_hdf5=self.writable)
+                except (RuntimeError, OSError) as e:  # h5py's text for a damaged chunk B-tree
+                    raise CorruptRecordError(f"{self.where}: unreadable chunk table ({e})") from None
                 if self._reader is None:
                     self._reader = H5Reader(self.data)
             self._reader_pid = os.getpid()

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from h5store.access import FeatureView, GroupView, IdsView
-from h5store.errors import FormatError, H5StoreError, NotFound, ReadOnlyError, SchemaError
+from h5store.errors import FormatError, H5StoreError, NotFound, ReadOnlyError, SchemaError, WriteError
 from h5store.handle import FileHandle
 from h5store.schema import Feature, Schema
 from h5store.storage import GroupStore, Tables, check_root, init_root
@@ -57,6 +57,28 @@ def _version() -> str:
     return __version__
 
 
+def _check_names(cls: type) -> None:
+    """Refuse feature and group names that would hide a member of the file or its views.
+
+    ``path = h5s.Array()`` would make opening recurse, ``close`` would break ``f.close()``,
+    ``mode`` would be silently hidden: such a class fails when it is defined.
+    """
+    file_members = set(dir(TypedFile)) | {"report"}  # ``create`` sets ``f.report``
+    group_members = set(dir(GroupView)) | {"name", "store", "features"}  # set in GroupView.__init__
+    problems = []
+    for gname, feats in cls.schema.groups.items():  # type: ignore[attr-defined]
+        if gname and gname in file_members:
+            problems.append(f"{cls.__name__}.{gname}: the group name hides TypedFile.{gname}")
+        for name in feats:
+            where = f"{cls.__name__}.{gname + '.' if gname else ''}{name}"
+            if not gname and name in file_members:
+                problems.append(f"{where}: the feature name hides TypedFile.{name}")
+            elif gname and name in group_members:
+                problems.append(f"{where}: the feature name hides the group view's {name!r}")
+    if problems:
+        raise SchemaError("; ".join(problems) + " (rename the feature; reserved names are listed in docs/guide.md)")
+
+
 class TypedFile:
     """A schema class whose instances are open h5store files.
 
@@ -68,6 +90,15 @@ class TypedFile:
         h5py's modes: "r" read-only (default), "r+" read/write an existing file, "a"
         read/write, creating it if absent, "w" create (truncate), "w-"/"x" create, fail if
         it exists.
+    untrusted : bool
+        Check the whole file before anything is read (:func:`h5store.safety.check_untrusted`).
+    allow_external : bool
+        Read data that the file keeps outside itself (external raw storage) and soft
+        links. Refused by default (``FormatError`` at open, naming the dataset and the
+        other file): such a file can make a read return the bytes of any local file, e.g.
+        ``/etc/passwd``. Opt in only for files you trust, and what they point to.
+        External links and virtual datasets are refused either way (HDF5 cannot follow
+        them through the file object h5store reads with); ``untrusted=True`` refuses all.
     **options
         Passed to :class:`h5py.File` (e.g. ``rdcc_nbytes``).
 
@@ -97,9 +128,11 @@ class TypedFile:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.schema = Schema.collect(cls)
+        _check_names(cls)
 
     def __init__(self, path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = False,
-                 **options: Any) -> None:
+                 allow_external: bool = False, **options: Any) -> None:
+        self._allow_external = allow_external  # travels with the pickled recipe (not _INTERNAL)
         self._setup(str(path), mode, options, untrusted)
         try:
             self._ensure_open()
@@ -116,6 +149,9 @@ class TypedFile:
         self._inherited: dict[str, Tables] = {}  # a read-only parent's tables, after a fork
         self._snapshot: tuple[Any, ...] | None = None
         self._pid = -1
+        self._committed: dict[str, int | None] = {}  # ids per group at the last commit (write errors)
+        me = weakref.ref(self)  # no cycle: dropping the file still frees its handle at once
+        self._handle.describe_kept = lambda: me()._kept()  # type: ignore[union-attr]
 
     # -- opening -------------------------------------------------------------
     @classmethod
@@ -147,6 +183,7 @@ class TypedFile:
             # those nothing was written to (a reader refuses a listed but missing group).
             for name in self._schema.groups:
                 self.group(name)
+            self._note_commit()
 
     def _open_file(self, f: Any) -> None:
         h = self._handle
@@ -173,6 +210,11 @@ class TypedFile:
             self._schema = self._merge(stored, declared, path, h.writable)
             if h.writable and self._schema.to_dict()["groups"] != stored.to_dict()["groups"]:
                 init_root(f, self._schema.to_dict(), _version())
+            if not self._untrusted:
+                # Before any data is read: none of it may come from another file (unless opted in).
+                from h5store.safety import check_local
+
+                check_local(f, path, self._schema.groups, getattr(self, "_allow_external", False))
         self._pid = os.getpid()
 
     @staticmethod
@@ -186,9 +228,16 @@ class TypedFile:
                 if name in have:
                     a, b = have[name].spec(), feat.spec()
                     if (a.dtype, a.shape, a.layout) != (b.dtype, b.shape, b.layout):
+                        # Name the parameters behind the difference (n_mels=80 stored, 40 declared).
+                        old, new = have[name].params(), feat.params()
+                        diff = [f"{k}={old[k]!r} stored, {new[k]!r} declared" for k in new
+                                if k in old and k not in ("shape", "pattern") and old[k] != new[k]]
                         raise SchemaError(
                             f"{where}: stored as {a.dtype} {a.shape} ({a.layout}), "
                             f"but {declared.name} declares {b.dtype} {b.shape} ({b.layout})"
+                            + (f" ({'; '.join(diff)})" if diff else "")
+                            + f"; open it with the class it was written with, or with h5store.open({path!r}), "
+                            "which reads the schema stored in the file"
                         )
                 elif not writable:
                     missing.append(where)
@@ -334,6 +383,25 @@ class TypedFile:
         """Every feature of one id as a dict (``default`` when absent)."""
         return self.group().get(key, default)
 
+    def __getitem__(self, key: str | int) -> dict[str, Any]:
+        """Every feature of one item, by id or (possibly negative) position: ``f["spk1/a"]``, ``f[0]``.
+
+        The same dict as :meth:`get`, but an absent id raises
+        :class:`~h5store.errors.NotFound` (a ``KeyError``) and a position out of range
+        ``IndexError``. A feature is ``f.mel`` (or ``f.feature("mel")``), not ``f["mel"]``.
+
+        Examples
+        --------
+        >>> f[0]  # doctest: +SKIP
+        {'mel': array([[...]], dtype=float32), 'label': 3}
+        """
+        group = self.group()
+        if isinstance(key, str) and key not in group and (key in self._schema.groups[""] or key in self._schema.groups):
+            raise NotFound(f"{self.path}: {key!r} is not an id; the feature or group is f.{key} "
+                           f"(or f.feature({key!r}) / f.group({key!r}))")
+        row = group.position(key)
+        return group.get(row)
+
     def add(self, id: str, values: Mapping[str, Any]) -> int:
         """Add one id to the root group; returns its position.
 
@@ -377,23 +445,84 @@ class TypedFile:
         self.flush()
 
     def flush(self) -> None:
-        """Write everything pending and commit; afterwards ids, index and data agree on disk."""
+        """Write everything pending and commit; afterwards ids, index and data agree on disk.
+
+        Raises :class:`~h5store.errors.WriteError` (an ``OSError``) when the disk is full or
+        fails, now or at an earlier write: the file keeps its last commit (the message says
+        how many records); ``close()`` then releases it.
+        """
         if self.writable and self._pid == os.getpid():
-            for view in self._groups.values():
-                view.store.flush()
+            if self._handle.failure is None:  # else the handle's flush raises at once
+                for view in self._groups.values():
+                    view.store.flush()
             self._handle.flush()
+            self._note_commit()
 
     def close(self) -> None:
-        """Flush and close this process's handle."""
+        """Flush and close this process's handle.
+
+        After a write error (:class:`~h5store.errors.WriteError`, raised once, by the call
+        that met it) close keeps the last commit, drops the rest, releases the writer lock
+        and raises nothing more: a file this handle created and never committed is removed.
+
+        Examples
+        --------
+        >>> f = Tiny(path, mode="a")  # doctest: +SKIP
+        >>> try:  # doctest: +SKIP
+        ...     f.add("b", dict(x=big))  # the disk fills up
+        ... except h5s.WriteError as e:
+        ...     print(e)  # names the file and the records its last commit kept
+        ... finally:
+        ...     f.close()  # releases the writer lock; the file is as of its last commit
+        """
         if self._pid == os.getpid() and self._handle.is_open:
-            if self.writable:
-                for view in self._groups.values():
-                    view.store.flush()  # the handle's close commits it, with HDF5's last writes
+            if self.writable and self._handle.failure is None:
+                try:
+                    for view in self._groups.values():
+                        view.store.flush()  # the handle's close commits it, with HDF5's last writes
+                except WriteError:
+                    self._handle.close()  # keeps the last commit, releases the writer lock
+                    self._groups = {}
+                    self._pid = -1
+                    raise
             for view in self._groups.values():
                 view.store.close_readers()
         self._handle.close()
         self._groups = {}
         self._pid = -1
+
+    def _note_commit(self) -> None:
+        """Remember each group's id count at this commit, for a later write error's message."""
+        self._committed = {}
+        for name, view in self._groups.items():
+            refs = getattr(view.store, "_refs", None)
+            n: int | None = None
+            if refs is not None:
+                n = len(refs)
+            else:
+                with contextlib.suppress(Exception):
+                    n = int(view.store._ids._index_ds.shape[0])
+            self._committed[name] = n
+
+    def _kept(self) -> str:
+        """What a write error leaves: the records of the last commit, not those added since.
+
+        Called from inside HDF5's write callback: in-memory state only, never an HDF5 call.
+        """
+        advice = "close() it (that releases the writer lock), free space, then reopen it and add them again"
+        kept, lost = [], 0
+        for name, view in self._groups.items():
+            n = self._committed.get(name)
+            refs = getattr(view.store, "_refs", None)
+            if n is None:
+                return f"its last commit is intact; what was added since was not written. {advice}"
+            now = len(refs) if refs is not None else n
+            lost += max(now - n, 0)
+            if name == "" or n:
+                kept.append(f"{n} records" if name == "" else f"{n} in group {name!r}")
+        since = {0: "no record was added since", 1: "the 1 record added since was not written"}.get(
+            lost, f"the {lost} records added since were not written")
+        return f"its last commit is intact ({', '.join(kept) or 'no records'}); {since}. {advice}"
 
     def refresh(self) -> int:
         """See what writers committed since this file was opened or last refreshed.
@@ -530,13 +659,17 @@ class TypedFile:
         return iter_batches(self, batch, batch_size, **kwargs)
 
 
-def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = False, **options: Any) -> TypedFile:
+def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = False, allow_external: bool = False,
+         **options: Any) -> TypedFile:
     """Open any h5store file without its class; the schema comes from the file.
 
     Built-in features decode as usual; a custom feature whose class is not imported reads
     as its raw stored arrays. ``untrusted=True`` checks the whole file before anything is
     read (:func:`h5store.safety.check_untrusted`) and warns when the bundled HDF5 has known
     CVEs: for files from elsewhere, also consider :func:`h5store.integrity.verify_in_subprocess`.
+    Data kept outside the file (external raw storage, virtual datasets, external or soft
+    links) is refused at open; ``allow_external=True`` reads external raw storage and soft
+    links (see :class:`TypedFile`).
 
     Examples
     --------
@@ -546,6 +679,6 @@ def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = Fal
     """
     if not Path(path).exists():
         raise FileNotFoundError(f"{path}: no such file")
-    return TypedFile(path, mode, untrusted=untrusted, **options)
+    return TypedFile(path, mode, untrusted=untrusted, allow_external=allow_external, **options)
 
 

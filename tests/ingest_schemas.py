@@ -76,3 +76,24 @@ class PacedNumbers(Numbers):
 
 class PacedNums(h5s.TypedFile):
     nums = PacedNumbers()
+
+
+class WarningNumbers(Numbers):
+    """Numbers that warn, as librosa does on short inputs, when the file starts with 'warn'."""
+
+    type_name = "tests.WarningNumbers"
+
+    def load(self, source):
+        import warnings
+
+        with open(source, encoding="utf-8") as fh:
+            text = fh.read()
+        if text.startswith("warn"):
+            values = text.split()[1:]
+            warnings.warn(f"n_fft=1024 is too large for input signal of length={len(values)}", UserWarning, stacklevel=2)
+            return np.array([float(x) for x in values])
+        return super().load(source)
+
+
+class WarnNums(h5s.TypedFile):
+    nums = WarningNumbers()

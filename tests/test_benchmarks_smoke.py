@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["bench_serve.py", "bench_create.py", "bench_tf.py"]
+SCRIPTS = ["bench_serve.py", "bench_create.py", "bench_tf.py", "bench_crc.py"]
 
 
 @pytest.mark.slow

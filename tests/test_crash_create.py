@@ -119,7 +119,7 @@ def child(tag, target, src, n_workers, log, go):
         raise SystemExit("the zygote closed the go pipe")
     say(f"{tag} start")
     t0 = time.perf_counter()
-    PacedNums.create(target, src, n_workers=n_workers, progress=False).close()
+    PacedNums.create(target, src, n_workers=n_workers, mode="w", progress=False).close()
     seconds = time.perf_counter() - t0
     sys.stdout.flush()  # anything create printed comes before "done" (and breaks the protocol)
     say(f"{tag} done {seconds:.6f}")
@@ -436,7 +436,7 @@ def test_sigkill_at_random_times_leaves_previous_or_new_file_and_resume_finishes
             # what the partial file lacks, and ends with the reference content.
             resumed = from_committed = False
             if ".out.h5.partial" in files:
-                with PacedNums.create(target, src, n_workers=1, resume=True, progress=False) as f:
+                with PacedNums.create(target, src, n_workers=1, mode="w", resume=True, progress=False) as f:
                     report = f.report
                     assert report.ok, f"{ctx}: resume failures {report.failures}"
                     assert report.n_stored + report.n_skipped == N_SOURCES, f"{ctx}: resume {report.summary()}"

@@ -95,7 +95,9 @@ def test_bad_sources_are_reported_and_the_rest_stored(tmp_path, capsys):
         assert failures["bad/crash"].error == "WorkerDied"
         assert failures["spk_b/twin"].error == "DuplicateIdError"
         assert failures["bad/boom"].source.endswith("boom.txt")
-        assert set(f.ids) == set(expected) | {"spk_b/twin"}
+        # Both sources of the duplicate id are reported, and neither is stored.
+        assert sorted(x.source[-8:] for x in f.report.failures if x.id == "spk_b/twin") == ["twin.TXT", "twin.txt"]
+        assert set(f.ids) == set(expected)
         for i, v in expected.items():
             np.testing.assert_array_equal(f.nums[i], v)
         assert {x.id for x in stored_failures(f)} == set(failures)
@@ -109,20 +111,21 @@ def test_on_error_raise_lists_every_bad_source_and_publishes_nothing(tmp_path):
     target = tmp_path / "out.h5"
     target.write_bytes(b"previous file")
     with pytest.raises(h5s.SourceError) as info:
-        Nums.create(target, tmp_path / "src", n_workers=2, on_error="raise", progress=False)
+        Nums.create(target, tmp_path / "src", n_workers=2, mode="w", on_error="raise", progress=False)
     err = info.value
     # Every bad source, not only the first: a worker crash and a duplicate id included.
     assert {f.id for f in err.failures} == {"bad/boom", "bad/nan", "bad/crash", "spk_b/twin"}
-    for name in ("boom.txt", "nan.txt", "crash.txt", "twin"):
+    for name in ("boom.txt", "nan.txt", "crash.txt", "twin.txt", "twin.TXT"):
         assert name in str(err)
-    assert str(err).startswith(f"4 of {len(expected) + 5} sources failed; {target} was not written")
+    assert str(err).startswith(f"5 of {len(expected) + 5} sources failed; {target} was not written")
     assert target.read_bytes() == b"previous file"
     # The good sources were kept in the partial file: after the fix, resume loads only the others.
     for rel in ("bad/boom.txt", "bad/nan.txt", "bad/crash.txt", "spk_b/twin.TXT"):
         (tmp_path / "src" / rel).unlink()
     with Nums.create(target, tmp_path / "src", n_workers=1, on_error="raise", resume=True, progress=False) as f:
-        assert f.report.n_skipped == len(expected) + 1 and f.report.n_stored == 0
+        assert f.report.n_skipped == len(expected) and f.report.n_stored == 1
         assert sorted(f.ids) == sorted([*expected, "spk_b/twin"])
+        np.testing.assert_array_equal(f.nums["spk_b/twin"], [1])  # twin.txt, the one left
         for i, v in expected.items():
             np.testing.assert_array_equal(f.nums[i], v)
 
@@ -152,9 +155,10 @@ def test_interrupted_create_leaves_previous_file_and_resumes(tmp_path):
 
     class Interrupting(Nums.schema.groups[""]["nums"].__class__):
         type_name = "tests.Interrupting"
+        armed = True  # a class attribute, no parameter: the resume below uses the same feature
 
         def load(self, source):
-            if source.id.startswith("spk_b/ütt-08"):
+            if self.armed and source.id.startswith("spk_b/ütt-08"):
                 raise KeyboardInterrupt
             return super().load(source)
 
@@ -162,10 +166,14 @@ def test_interrupted_create_leaves_previous_file_and_resumes(tmp_path):
         nums = Interrupting()
 
     with pytest.raises(KeyboardInterrupt):
-        Flaky.create(target, tmp_path / "src", n_workers=1, progress=False)
+        Flaky.create(target, tmp_path / "src", n_workers=1, mode="w", progress=False)
     assert target.read_bytes() == before
     assert (tmp_path / ".out.h5.partial").exists()
-    with Nums.create(target, tmp_path / "src", n_workers=1, resume=True, progress=False) as f:
+    # The partial file holds items of Interrupting: another feature class may not resume it.
+    with pytest.raises(h5s.SchemaError, match="cannot resume: feature 'nums' was stored as tests.Interrupting"):
+        Nums.create(target, tmp_path / "src", n_workers=1, resume=True, progress=False)
+    Interrupting.armed = False
+    with Flaky.create(target, tmp_path / "src", n_workers=1, resume=True, progress=False) as f:
         assert f.report.n_skipped > 0
         assert contents(f).keys() == set(expected) | {"zz/new"}
         for i, v in expected.items():
@@ -200,7 +208,7 @@ def test_sigkill_during_create_keeps_previous_file_and_resume_completes(tmp_path
     script = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(ROOT)!r})
         from tests.ingest_schemas import SlowNums
-        SlowNums.create({str(target)!r}, {str(tmp_path / 'src')!r}, n_workers=1, progress=False)
+        SlowNums.create({str(target)!r}, {str(tmp_path / 'src')!r}, n_workers=1, mode="w", progress=False)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script])
     time.sleep(2.0)
@@ -208,7 +216,8 @@ def test_sigkill_during_create_keeps_previous_file_and_resume_completes(tmp_path
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert target.read_bytes() == before
-    with SlowNums.create(target, tmp_path / "src", n_workers=2, resume=True, progress=False) as f:
+    # The same call with resume=True: mode="w" decides when the kill came before the first commit.
+    with SlowNums.create(target, tmp_path / "src", n_workers=2, mode="w", resume=True, progress=False) as f:
         assert set(f.ids) == set(expected)
         for i, v in expected.items():
             np.testing.assert_array_equal(f.nums[i], v)
@@ -226,6 +235,13 @@ def test_merge_shards_equals_one_create(tmp_path):
     with pytest.raises(h5s.DuplicateIdError):
         Nums.merge([tmp_path / "s0.h5", tmp_path / "s0.h5"], tmp_path / "dup.h5", progress=False)
     assert not (tmp_path / "dup.h5").exists()
+    # An existing target is replaced only on request, like create().
+    before = (tmp_path / "all.h5").read_bytes()
+    with pytest.raises(h5s.TargetExistsError, match=r"all\.h5 already exists: pass overwrite=True"):
+        Nums.merge([tmp_path / "s0.h5"], tmp_path / "all.h5", progress=False)
+    assert (tmp_path / "all.h5").read_bytes() == before
+    with Nums.merge([tmp_path / "s0.h5"], tmp_path / "all.h5", overwrite=True, progress=False) as f:
+        assert len(f) == 7
 
 
 def test_a_lost_worker_result_file_fails_its_sources_only(tmp_path, monkeypatch):

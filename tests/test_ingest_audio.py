@@ -99,7 +99,9 @@ def test_cli_create_with_a_preset_then_info(tmp_path):
     out = tmp_path / "p.h5"
     r = run_cli("create", "audio-mel", str(out), str(tmp_path / "src"), "--workers", "2", "--sr", "16000", "-q")
     assert r.returncode == 0, r.stderr
-    assert "6 stored" in r.stdout and "4 failed" in r.stdout
+    assert "6 stored" in r.stdout and "4 of 10 sources failed" in r.stdout
+    # Per source file, with each failing feature's error underneath.
+    assert r.stdout.count("  failed: ") == 4 and "    mel: " in r.stdout
     r = run_cli("info", str(out))
     assert r.returncode == 0, r.stderr
     assert "mel" in r.stdout and "label" in r.stdout and "(T, 80)" in r.stdout

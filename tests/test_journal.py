@@ -278,3 +278,34 @@ def test_a_crash_at_every_write_of_a_commit_leaves_the_old_or_the_new_state(tmp_
             break
         k += 1
     assert len(outcomes) > 10  # the commit really wrote (and was interrupted) many times
+
+
+def test_a_journal_of_the_older_format_is_refused_and_recover_applies_it(tmp_path):
+    """Format 1 (before issue 11) cannot tell a torn record from a damaged one: an open refuses
+    it, naming the file and the journal; `h5store recover --apply` applies it as the older
+    h5store would have (its records up to the first that fails), keeping a copy."""
+    import struct
+    import zlib
+
+    from h5store.cli import main
+    from h5store.errors import JournalError
+
+    path = tmp_path / "log.h5"
+    with Log(path, mode="w") as f:
+        f.extend([(f"r{i:06d}", record(i)) for i in range(20)])
+    before = path.read_bytes()
+    page = before[:4096]
+    head = struct.pack("<8sQ", b"H5SJRNL1", len(before))
+    journal = head + struct.pack("<I", zlib.crc32(head)) + struct.pack("<QII", 0, len(page), zlib.crc32(page)) + page
+    Path(journal_path(str(path))).write_bytes(journal)
+    with open(path, "r+b") as f:  # the page overwritten by the commit that was interrupted
+        f.write(b"\xff" * 4096)
+    damaged = path.read_bytes()
+    with pytest.raises(JournalError) as err:
+        Log(path).close()
+    assert str(path) in str(err.value) and "older h5store" in str(err.value) and "h5store recover" in str(err.value)
+    assert path.read_bytes() == damaged and Path(journal_path(str(path))).read_bytes() == journal
+    assert main(["recover", str(path), "--apply"]) == 0
+    assert path.read_bytes() == before and not has_hot_journal(str(path))
+    assert [p for p in tmp_path.iterdir() if ".format1-" in p.name]
+    check_log(path, (20,), "after recover")

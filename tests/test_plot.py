@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_cli_writes_a_png_that_is_not_blank(speech_path: Path, tmp_path: Path, f
     proc = subprocess.run([sys.executable, "-m", "h5store.cli", "plot", str(speech_path), "up/c0", "--feature",
                            feature, "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert f"{out}: {feature} of 'up/c0' (1000 x 400 pixels)" in proc.stdout
+    assert f"{out}: {feature} of id 'up/c0' (1000 x 400 pixels)" in proc.stdout
     size, variance, colours = _png_stats(out)
     assert size == (1000, 400)
     assert variance > 500 and colours > 100  # an image with a colour map, not a blank canvas
@@ -75,7 +76,8 @@ def test_cli_size_position_default_feature_and_errors(speech_path: Path, tmp_pat
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "x.png"
     assert main(["plot", str(speech_path), "1", "-o", str(out), "--width", "6", "--height", "3", "--dpi", "50"]) == 0
-    assert "mel of '1'" in capsys.readouterr().out  # the first spectrogram; "1" is a position (no such id)
+    # The first spectrogram; "1" is a position (no such id): the output names the id it drew.
+    assert re.search(r"mel of id '[^']+' \(position 1\)", capsys.readouterr().out)
     assert _png_stats(out)[0] == (300, 150)
     assert main(["plot", str(speech_path), "nope", "-o", str(out)]) == 1
     assert "no id 'nope'" in capsys.readouterr().err

@@ -237,12 +237,31 @@ class CSVColumn(Feature):
 
     # ---------------------------------------------------------------- the table
     def _resolve(self, root: str) -> str:
+        """The table's path: absolute, or found in ``root`` or the folder above it.
+
+        LJSpeech keeps ``metadata.csv`` beside ``wavs/``: whether the user names the corpus
+        (``sources="LJSpeech-1.1"``) or its wav folder (``sources="LJSpeech-1.1/wavs"``),
+        ``CSVColumn("metadata.csv")`` finds it.
+        """
         p = os.path.expanduser(str(self.path))
-        return p if os.path.isabs(p) else os.path.abspath(os.path.join(root or os.getcwd(), p))
+        if os.path.isabs(p):
+            return p
+        base = os.path.abspath(root or os.getcwd())
+        for folder in (base, os.path.dirname(base)):
+            candidate = os.path.join(folder, p)
+            if os.path.isfile(candidate):
+                return candidate
+        return os.path.join(base, p)
 
     def _read(self, path: str, keep: set[str] | None = None) -> _Table:
         try:
             fh = open(path, encoding="utf-8-sig", newline="")
+        except FileNotFoundError:
+            here = os.path.dirname(path)
+            raise SourceError(
+                f"{path}: no such file: CSVColumn({self.path!r}) is looked up in {here} and the folder "
+                f"above it; give its absolute path or one relative to the sources' root"
+            ) from None
         except OSError as e:
             raise SourceError(f"{path}: cannot read the CSVColumn table ({e.strerror or e})") from None
         table = _Table(path, complete=keep is None)

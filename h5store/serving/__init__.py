@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from h5store.serving.collate import Batch, pad, pad_collate, pad_collate_numpy, to_torch
-from h5store.serving.dataset import FileDataset
+from h5store.serving.dataset import CorruptRecordWarning, FileDataset
 from h5store.serving.files import FileSet, MultiFile, concat
 from h5store.serving.getters import Frames, Getter, Item, Label, Padded, Position, Request, Window
 from h5store.serving.numpy_iter import BatchIterator, iter_batches
@@ -35,6 +35,7 @@ __all__ = [
     "BatchIterator",
     "BatchSampler",
     "BucketBatchSampler",
+    "CorruptRecordWarning",
     "EpochIndices",
     "FileDataset",
     "FileSet",

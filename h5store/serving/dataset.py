@@ -8,6 +8,7 @@ batch, and the result comes back already collated (padded, with lengths).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,11 +18,15 @@ from h5store.errors import SchemaError
 from h5store.serving.collate import Batch, lengths_mask, pad_collate_numpy, to_torch
 from h5store.serving.files import FileSet, split_name
 from h5store.serving.getters import Getter, Item, Padded, Request
-from h5store.serving.shared import _EPOCH, SharedParams
+from h5store.serving.shared import _EPOCH, SharedFlags, SharedParams
 
-__all__ = ["FileDataset"]
+__all__ = ["CorruptRecordWarning", "FileDataset"]
 
 _I64 = np.int64
+
+
+class CorruptRecordWarning(UserWarning):
+    """A damaged item was left out of a batch (serving with ``verify="skip"``)."""
 
 
 class FileDataset:
@@ -49,6 +54,15 @@ class FileDataset:
         however many workers).
     items : array of int, optional
         Serve only these item positions (a train/validation split), in this order.
+    verify : {True, False, "skip"}
+        Check every served item against its stored CRC-32 (default). True raises
+        :class:`~h5store.errors.CorruptRecordError` naming the file, feature and id;
+        ``"skip"`` leaves the item out of the batch (the batch is one item shorter),
+        warns with :class:`CorruptRecordWarning` and adds it to :attr:`skipped` (seen
+        by every worker: it is not read again); False delivers items unchecked. Whole
+        items are checked over the bytes read for the batch; a part of an item (a
+        ``Window``, ``Frames``) is checked by reading the whole item the first time any
+        part of it is served in a process (a bitmap per feature), not at later reads.
 
     Examples
     --------
@@ -63,7 +77,7 @@ class FileDataset:
 
     def __init__(self, file: Any, batch: Mapping[str, Getter], *, params: Mapping[str, Any] | SharedParams | None = None,
                  seed: int = 0, mask: bool = False, in_memory: bool | Sequence[str] = False,
-                 items: Sequence[int] | np.ndarray | None = None) -> None:
+                 items: Sequence[int] | np.ndarray | None = None, verify: bool | str = True) -> None:
         if not isinstance(batch, Mapping) or not batch:
             raise TypeError(f"batch must be a non-empty dict of key -> getter (h5s.Item, h5s.Window...), got {batch!r}")
         for key, g in batch.items():
@@ -71,14 +85,21 @@ class FileDataset:
                 raise TypeError(f"batch[{key!r}] must be a getter (h5s.Item('mel'), h5s.Window(...)), got {g!r}")
         self.getters: dict[str, Getter] = dict(batch)
         self._check_keys()
+        if not (isinstance(verify, bool) or verify == "skip"):
+            raise ValueError(f"verify must be True, False or 'skip', got {verify!r}")
         group = self._group()
         self.files = FileSet(file, group)
+        self.files.verify = verify
+        self.verify = verify
         for g in self.getters.values():
             g.check(self.files)
         self.params = params if isinstance(params, SharedParams) else SharedParams(dict(params or {}))
         self.seed = int(seed)
         self.mask = bool(mask)
         self.features = sorted({split_name(n)[1] for g in self.getters.values() for n in g.features})
+        # Every table of the snapshot served, loaded here: workers inherit or receive them.
+        self.files.pin(self.features)
+        self._skipped = SharedFlags(len(self.files)) if verify == "skip" else None
         self._build_examples(items)
         if in_memory:
             names = self.features if in_memory is True else [split_name(n)[1] for n in in_memory]  # type: ignore[union-attr]
@@ -229,7 +250,47 @@ class FileDataset:
         items, subs = self.locate(idx)
         if idx.size and idx.min() < 0:
             idx = np.where(idx < 0, idx + len(self), idx)
-        request = Request(items, subs, idx, int(epoch), self.seed, self.params)
+        if self._skipped is not None:
+            return self._fetch_skipping(idx, items, subs, int(epoch))
+        return self._read(idx, items, subs, int(epoch))
+
+    def _fetch_skipping(self, idx: np.ndarray, items: np.ndarray, subs: np.ndarray,
+                        epoch: int) -> tuple[Batch, set[str]]:
+        """verify="skip": leave out items found damaged (here or in another process), then read."""
+        assert self._skipped is not None
+        flags = self._skipped.array
+        while True:
+            keep = flags[items] == 0
+            if not keep.all():
+                idx, items, subs = idx[keep], items[keep], subs[keep]
+            self.files.failed = []
+            batch = self._read(idx, items, subs, epoch)
+            failed = self.files.failed
+            if not failed:
+                return batch
+            reset = getattr(self.files.alloc, "reset", None)
+            if reset is not None:
+                reset()  # the batch is read again, without them
+            for position, name in failed:
+                if not flags[position]:
+                    self._skipped.set(position)
+                    warnings.warn(
+                        f"{self.files.files[0].path if len(self.files.files) == 1 else self.files.where()}: "
+                        f"left out item {self.files.id(position)!r} (position {position}): its {name!r} fails "
+                        "its CRC-32 check (verify='skip'; see dataset.skipped)",
+                        CorruptRecordWarning, stacklevel=4,
+                    )
+            self.files.failed = []
+
+    @property
+    def skipped(self) -> list[str]:
+        """Ids left out as damaged so far, by this process or any worker (``verify="skip"``)."""
+        if self._skipped is None:
+            return []
+        return [self.files.id(int(p)) for p in self._skipped.positions()]
+
+    def _read(self, idx: np.ndarray, items: np.ndarray, subs: np.ndarray, epoch: int) -> tuple[Batch, set[str]]:
+        request = Request(items, subs, idx, epoch, self.seed, self.params)
         out = Batch()
         ragged: set[str] = set()
         for key, g in self.getters.items():

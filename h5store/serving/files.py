@@ -15,6 +15,7 @@ with ``np.searchsorted`` over the cumulative sizes.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,11 +25,16 @@ from h5store.errors import CorruptRecordError, NotFound, SchemaError
 from h5store.layout import ReadPlan, plan_reads
 from h5store.schema import Feature
 from h5store.serving.shared import SharedArray
-from h5store.storage import ABSENT, Column, ColumnSpec, DirectReader, H5Reader, MemoryReader
+from h5store.storage import ABSENT, ChunkReader, Column, ColumnSpec, DirectReader, H5Reader, MemoryReader, read_whole
 
 __all__ = ["FileSet", "MultiFile", "concat"]
 
 _I64 = np.int64
+
+try:  # ISA-L's CRC-32: the same checksum as zlib's (IEEE polynomial), ~15x faster (PCLMUL)
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - isal is a dependency; a platform without its wheel still works
+    from zlib import crc32 as _crc32
 # Feature parameters that say how bytes are stored, not what they mean: files may differ.
 _STORAGE_PARAMS = frozenset({"compression", "compression_opts", "shuffle", "chunk_rows", "attrs", "pattern", "finite"})
 # Fixed-shape columns up to this size (labels, scores) are read whole once per process:
@@ -133,9 +139,21 @@ class FileSet:
         files = source.files if isinstance(source, MultiFile) else [source]
         self.files = [reader_copy(f) for f in files]
         self.group = group
-        sizes = np.array([len(f.group(group)) for f in self.files], dtype=_I64)
+        # One snapshot: a file open read-only here is served as ITS snapshot (its len(),
+        # ids and tables), whatever was committed since; other files as the commit their
+        # copy opens now. Every table is cut to these sizes, in every process: copies that
+        # workers open later see later commits, whose first rows are the same items.
+        self._origin: list[Any] = [f if _snapshot_here(f) else None for f in files]
+        self._origin_pid = os.getpid()
+        sizes = np.array([len((o if o is not None else c).group(group)) for o, c in zip(self._origin, self.files)],
+                         dtype=_I64)
         self.starts = np.zeros(len(sizes) + 1, dtype=_I64)
         np.cumsum(sizes, out=self.starts[1:])
+        # What a served item is checked against (True: raise; "skip": report and drop; False: off).
+        self.verify: bool | str = True
+        self._local = threading.local()  # per thread: what failed its check in the current fetch
+        self._crc: dict[str, np.ndarray] = {}
+        self._checked: dict[str, np.ndarray] = {}  # items whose whole bytes passed, in this process
         self._features: dict[str, Feature] = {}
         self._specs: dict[str, ColumnSpec] = {}
         self._index: dict[str, np.ndarray] = {}
@@ -151,11 +169,26 @@ class FileSet:
         state["_cols"] = {}
         state["_fds"] = {}
         state["alloc"] = None
+        state["_origin"] = [None] * len(self.files)  # tables travel as numpy, never a file
+        state.pop("_local", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.alloc = np.empty
+        self._local = threading.local()
+
+    @property
+    def failed(self) -> list[tuple[int, str]]:
+        """(position, feature) of the items that failed their check in this thread's fetch (``verify="skip"``)."""
+        failed = getattr(self._local, "failed", None)
+        if failed is None:
+            failed = self._local.failed = []
+        return failed
+
+    @failed.setter
+    def failed(self, value: list[tuple[int, str]]) -> None:
+        self._local.failed = value
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -211,9 +244,12 @@ class FileSet:
             shared = self._shared.get((k, name))
             if shared is not None:
                 col.use_memory(shared.array)
-            elif col.spec.layout == "fixed" and col.data.size * col.data.dtype.itemsize <= _SMALL_BYTES:
+            elif col.spec.layout == "fixed":
+                # Under the commit lock: after a commit the file reopens and ``col.data``
+                # is rebound (an h5py object of the closed open would raise RuntimeError).
                 with col.reading():
-                    col.use_memory(col.data[...])
+                    if col.data.size * col.data.dtype.itemsize <= _SMALL_BYTES:
+                        col.use_memory(read_whole(col.data, col.path, col.where))  # compressed: bounded
             self._cols[(k, name)] = col
         return col
 
@@ -233,14 +269,48 @@ class FileSet:
         self._fds = {}
         self._cols = {}
 
+    def _table(self, k: int, name: str, what: str) -> np.ndarray:
+        """Table ``what`` ("index" or "checksums") of file ``k``, cut to the served snapshot."""
+        origin = self._origin[k] if self._origin_pid == os.getpid() else None
+        if origin is not None:
+            self.feature(name)
+            col = origin.group(self.group).store.columns[name]
+        else:
+            col = self.column(k, name)
+        table = getattr(col, what)
+        n = int(self.starts[k + 1] - self.starts[k])
+        if len(table) < n:
+            raise CorruptRecordError(
+                f"{self.where(name)}: {self.files[k].path} now holds {len(table)} items, the served snapshot "
+                f"{n}: was another file moved to the path? Serve it again (a new loader)"
+            )
+        return table[:n]
+
+    def pin(self, names: Sequence[str]) -> None:
+        """Load the tables of ``names`` now, in this process (workers then never read them)."""
+        for name in names:
+            self.index(name)
+            if self.verify:
+                self.checksums(name)
+                self._done(name)
+
     def index(self, name: str) -> np.ndarray:
         """``(N, 2)`` ``[start, stop)`` rows of each item in its own file's data (global positions)."""
         idx = self._index.get(name)
         if idx is None:
-            parts = [self.column(k, name).index for k in range(len(self.files))]
+            parts = [self._table(k, name, "index") for k in range(len(self.files))]
             idx = parts[0] if len(parts) == 1 else np.concatenate(parts)
             self._index[name] = idx
         return idx
+
+    def checksums(self, name: str) -> np.ndarray:
+        """The stored CRC-32 of every item (global positions), of the served snapshot."""
+        crc = self._crc.get(name)
+        if crc is None:
+            parts = [self._table(k, name, "checksums") for k in range(len(self.files))]
+            crc = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            self._crc[name] = crc
+        return crc
 
     def lengths(self, name: str) -> np.ndarray:
         """Rows per item (blobs per item for "blobs" features); 0 where absent."""
@@ -256,7 +326,8 @@ class FileSet:
     def id(self, position: int) -> str:
         """The id at a global position (for messages)."""
         k = int(np.searchsorted(self.starts, position, side="right")) - 1
-        return self.files[k].group(self.group).ids[int(position - self.starts[k])]
+        origin = self._origin[k] if self._origin_pid == os.getpid() else None
+        return (origin if origin is not None else self.files[k]).group(self.group).ids[int(position - self.starts[k])]
 
     def file_of(self, items: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, items, side="right") - 1
@@ -270,7 +341,7 @@ class FileSet:
             col = self.column(k, name)
             with col.reading():
                 ds = col.data
-                shared = SharedArray(ds.shape, ds.dtype, lambda out, ds=ds: _copy_dataset(ds, out))
+                shared = SharedArray(ds.shape, ds.dtype, lambda out, ds=ds, col=col: _copy_dataset(ds, out, col.path, col.where))
             self._shared[(k, name)] = shared
             self.column(k, name).use_memory(shared.array)
 
@@ -294,7 +365,12 @@ class FileSet:
         # Through HDF5 each call costs ~20 us: merge runs separated by < 64 KiB of rows.
         gap = max(0, (64 << 10) // max(col.spec.row_nbytes, 1)) if isinstance(reader, H5Reader) else 0
         plan = plan_reads(starts, stops, max_gap=gap)
-        return plan, reader.read_runs(plan)
+        if getattr(reader, "stable", False):
+            return plan, reader.read_runs(plan)
+        # HDF5 reads metadata and chunk addresses: under the commit lock, through the
+        # dataset of the current open (rebound after a commit reopened the file).
+        with col.reading():
+            return plan, col.reader().read_runs(plan)
 
     def read_padded(self, name: str, items: np.ndarray, first: np.ndarray | int, count: np.ndarray,
                     width: int) -> np.ndarray:
@@ -324,6 +400,16 @@ class FileSet:
             else:
                 plan, buf = self._read(k, name, s, s + c)
                 _scatter(out, dest, buf, plan.offsets, c)
+        if self.verify:
+            whole = count == self.lengths(name)[items]
+            whole &= (first == 0) if isinstance(first, np.ndarray) else int(first) == 0
+            if whole.all():  # the bytes just read are the whole items (Item)
+                self._check_rows(name, items, out, count)
+            else:
+                if whole.any():
+                    sel = np.flatnonzero(whole)
+                    self._check_rows(name, items[sel], out[sel], count[sel])
+                self._check_once(name, items[~whole])
         short = np.flatnonzero(count < width)
         if short.size:
             for j, n in zip(short.tolist(), count[short].tolist()):
@@ -343,9 +429,18 @@ class FileSet:
             reader = self.column(k, name).reader()
             if isinstance(reader, MemoryReader):
                 out[sel] = reader.array[r]
+                if self.verify:  # in memory: each item checked once in this process
+                    mine = items[sel]
+                    done = self._done(name)
+                    for j in np.flatnonzero(~done[mine]).tolist():
+                        self._check(name, int(mine[j]), reader.array[int(r[j])])
                 continue
             plan, buf = self._read(k, name, r, r + 1)
             out[sel] = buf[plan.offsets]
+            if self.verify:
+                mine = items[sel]
+                for j in range(len(mine)):
+                    self._check(name, int(mine[j]), buf[int(plan.offsets[j])])
         return out
 
     def read_items(self, name: str, items: np.ndarray) -> list[Any]:
@@ -356,15 +451,85 @@ class FileSet:
             rows = items[pos] - self.starts[k]
             for j, raw in zip(pos.tolist(), self.column(k, name).read_items(rows)):
                 out[j] = raw
+                if self.verify:
+                    self._check(name, int(items[j]), raw)
         return out
 
     def read_blobs(self, name: str, items: np.ndarray, first: np.ndarray, count: np.ndarray) -> list[list[np.ndarray]]:
         """Blobs ``[first, first + count)`` of each "blobs" item (only their bytes are read)."""
         ks = self.file_of(items) if len(self.files) > 1 else np.zeros(len(items), _I64)
         out = []
+        if self.verify:
+            self._check_once(name, items)
+        bad = {p for p, n in self.failed if n == name}
         for k, p, a, c in zip(ks.tolist(), items.tolist(), np.broadcast_to(first, len(items)).tolist(), count.tolist()):
+            if p in bad:  # skipped (verify="skip"): the batch is fetched again without it
+                out.append([])
+                continue
             out.append(self.column(k, name).read_blobs(p - int(self.starts[k]), a, a + c))
         return out
+
+    # -- checks -----------------------------------------------------------------
+    def _done(self, name: str) -> np.ndarray:
+        """Bool per item: its whole bytes passed their CRC-32 in this process."""
+        done = self._checked.get(name)
+        if done is None:
+            done = self._checked[name] = np.zeros(len(self), dtype=bool)
+        return done
+
+    def _check_rows(self, name: str, items: np.ndarray, out: np.ndarray, count: np.ndarray) -> None:
+        """Check whole items read into the rows ``out[j, :count[j]]`` (one C loop per item)."""
+        expect = self.checksums(name)[items].tolist()
+        for j, (n, c) in enumerate(zip(count.tolist(), expect)):
+            if _crc32(out[j, :n]) != c:
+                self._check(name, int(items[j]), out[j, :n])
+        self._done(name)[items] = True  # (a failed one raises, or is skipped: never served)
+
+    def _check(self, name: str, position: int, value: Any) -> bool:
+        """Compare an item's whole stored bytes (an array, or a list of blobs) with its CRC-32."""
+        if isinstance(value, list):
+            crc = 0
+            for blob in value:
+                crc = _crc32(np.ascontiguousarray(blob), crc)
+        else:
+            crc = _crc32(np.ascontiguousarray(value))
+        if crc == int(self.checksums(name)[position]):
+            self._done(name)[position] = True
+            return True
+        k = int(self.file_of(np.array([position]))[0])
+        g = f"/{self.group}" if self.group else ""
+        path = self.files[k].path
+        message = (
+            f"{path}:{g}/{name}: item {self.id(position)!r} (position {position}) fails its CRC-32 check: "
+            f"its stored bytes are damaged. `h5store verify {path}` lists every damaged record; serve with "
+            "verify='skip' to leave damaged items out (reported), or verify=False to deliver them unchecked"
+        )
+        if self.verify != "skip":
+            raise CorruptRecordError(message)
+        self.failed.append((position, name))
+        return False
+
+    def _check_once(self, name: str, items: np.ndarray) -> None:
+        """Read and check the whole of each item not yet checked in this process.
+
+        For reads of a part of an item (windows, crops, some blobs): a part cannot be
+        checked against the whole item's CRC-32, so the first time any part of an item
+        is served in a process, all of it is read and checked; later parts are not.
+        """
+        left = ~self._done(name)[items]
+        if not left.any():
+            return
+        todo = np.unique(items[left])
+        ks = self.file_of(todo) if len(self.files) > 1 else np.zeros(len(todo), _I64)
+        blobs = self.spec(name).layout == "blobs"
+        idx = self.index(name)
+        for k in np.unique(ks).tolist():
+            mine = todo[ks == k]
+            col = self.column(k, name)
+            # Rows from the served snapshot's index (blobs: the column's frames, same items).
+            raws = col.read_items(mine - self.starts[k]) if blobs else col.read_ranges(idx[mine, 0], idx[mine, 1])
+            for p, raw in zip(mine.tolist(), raws):
+                self._check(name, p, raw)
 
     def check_present(self, names: Sequence[str], items: np.ndarray) -> None:
         """Raise :class:`~h5store.errors.NotFound` when a served item lacks a feature."""
@@ -379,18 +544,32 @@ class FileSet:
                 )
 
 
+def _snapshot_here(f: Any) -> bool:
+    """Whether ``f`` is a read-only file open in this process: its snapshot is what is served."""
+    handle = getattr(f, "_handle", None)
+    return (handle is not None and not handle.writable and getattr(f, "_pid", None) == os.getpid()
+            and handle.is_open)
+
+
 def _identity(feat: Feature) -> tuple[str, str]:
     params = {k: v for k, v in feat.params().items() if k not in _STORAGE_PARAMS}
     return feat.type_name, repr(sorted(params.items()))
 
 
-def _copy_dataset(ds: Any, out: np.ndarray) -> None:
+def _copy_dataset(ds: Any, out: np.ndarray, path: str | None = None, where: str | None = None) -> None:
     n = int(ds.shape[0]) if ds.shape else 0
     row = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize)
     step = max(1, (64 << 20) // row)
+    # Compressed chunks are decoded by h5store, never past their declared size.
+    chunked = ChunkReader.for_dataset(ds, path, where, cache_bytes=0) if path else None
     for a in range(0, n, step):
         b = min(n, a + step)
-        ds.read_direct(out, np.s_[a:b], np.s_[a:b])
+        if chunked is not None:
+            out[a:b] = chunked.read_runs(plan_reads(np.array([a]), np.array([b])))
+        else:
+            ds.read_direct(out, np.s_[a:b], np.s_[a:b])
+    if chunked is not None:
+        chunked.close()
 
 
 def _scatter(out: np.ndarray, dest: np.ndarray, buf: np.ndarray, offsets: np.ndarray, counts: np.ndarray) -> None:

@@ -279,6 +279,11 @@ class Loader(DataLoader):
         bs = self.batch_sampler
         return _LoaderIter(super().__iter__(), bs if isinstance(bs, _EpochBatches) else None)
 
+    @property
+    def skipped(self) -> list[str]:
+        """Ids left out as damaged so far, by any worker (``verify="skip"``); see :class:`FileDataset`."""
+        return self.dataset.skipped
+
     def state_dict(self) -> dict[str, Any]:
         """The batch sampler's state (epoch, batches consumed): see ``load_state_dict``."""
         return self.batch_sampler.state_dict()
@@ -306,7 +311,7 @@ def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
 def serve(file: Any, batch: Mapping[str, Getter], *, in_memory: bool | Sequence[str] = False,
           distributed: bool = False, rank: int | None = None, world_size: int | None = None, seed: int = 0,
           mask: bool = False, bucket: bool | int | None = None, params: Mapping[str, Any] | SharedParams | None = None,
-          items: Sequence[int] | np.ndarray | None = None, **loader_kwargs: Any) -> Loader:
+          items: Sequence[int] | np.ndarray | None = None, verify: bool | str = True, **loader_kwargs: Any) -> Loader:
     """A PyTorch DataLoader over an h5store file (or a :func:`~h5store.concat` of files).
 
     Parameters
@@ -337,6 +342,12 @@ def serve(file: Any, batch: Mapping[str, Getter], *, in_memory: bool | Sequence[
         Shared parameters: ``loader.dataset.params.crop = 128`` reaches every worker.
     items : array of int, optional
         Serve only these item positions.
+    verify : {True, False, "skip"}
+        Check each served item against its stored CRC-32 in the worker that reads it
+        (default): a damaged item raises :class:`~h5store.errors.CorruptRecordError`
+        naming file, feature and id; ``"skip"`` leaves it out of its batch, warns and
+        lists it in ``loader.skipped``; False serves items unchecked (see
+        :class:`~h5store.serving.FileDataset`).
     **loader_kwargs
         Passed to :class:`torch.utils.data.DataLoader`: ``batch_size`` (default 1),
         ``shuffle``, ``drop_last``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
@@ -370,7 +381,8 @@ def serve(file: Any, batch: Mapping[str, Getter], *, in_memory: bool | Sequence[
     kw = dict(loader_kwargs)
     if rank is not None or world_size is not None:
         distributed = True
-    dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items)
+    dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
+                          verify=verify)
     own = kw.get("sampler") is not None or kw.get("batch_sampler") is not None
     if own and (distributed or bucket):
         raise ValueError("serve: distributed= and bucket= make their own batch sampler; do not pass sampler/batch_sampler")

@@ -20,26 +20,20 @@ iterator: :func:`prepare_for_threads` (one dataset read by many threads at once)
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import weakref
-import zlib
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from h5py import h5z
 
-from h5store.errors import CorruptRecordError
-from h5store.layout import ReadPlan
 from h5store.serving.collate import Batch
 from h5store.serving.dataset import FileDataset
 from h5store.serving.getters import Getter
 from h5store.serving.samplers import BatchSampler, BucketBatchSampler, _EpochBatches
 from h5store.serving.shared import SharedParams
-from h5store.storage import DirectReader, H5Reader
+from h5store.storage import ChunkReader, DirectReader, H5Reader
 
 __all__ = ["BatchIterator", "GzipChunkReader", "aligned_empty", "close_dataset", "iter_batches", "make_sampler",
            "prepare_for_threads"]
@@ -121,150 +115,9 @@ class BufferPool:
             return best[start : start + nbytes].view(dtype).reshape(shape)  # holds `best` until freed
 
 
-class GzipChunkReader:
-    """Reads gzip-compressed (optionally byte-shuffled) chunked data without HDF5.
-
-    Through h5py, every read of a compressed dataset holds HDF5's global lock while it
-    decompresses, so reader threads take turns. This reader asks HDF5 once for the byte
-    offset of every chunk (``chunk_iter``), then reads a chunk with ``os.pread`` and
-    inflates it with :mod:`zlib`; both release the GIL and take no HDF5 lock, so threads
-    decompress in parallel. The byte-unshuffle and the copy into the batch are numpy
-    copies. The chunks last read are kept (``cache_bytes``, as HDF5's chunk cache of an
-    h5store file), shared by the threads.
-
-    Used for datasets whose filters are exactly [shuffle,] deflate with chunks of whole
-    rows; anything else stays with h5py (:meth:`for_dataset` returns None).
-
-    Examples
-    --------
-    >>> r = GzipChunkReader.for_dataset(f.h5["mel_gz/data"], f.path)  # doctest: +SKIP
-    """
-
-    stable = False  # a compressed chunk rewritten by a commit moves: rebound after commits
-
-    def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int, offsets: np.ndarray,
-                 sizes: np.ndarray, masks: np.ndarray, filters: tuple[int, ...], cache_bytes: int = 16 << 20) -> None:
-        self.path = path
-        self.shape = shape
-        self.dtype = dtype
-        self.chunk_rows = chunk_rows
-        self.offsets = offsets
-        self.sizes = sizes
-        self.masks = masks
-        self.filters = filters  # HDF5 filter ids, in the order they were applied when writing
-        chunk_bytes = chunk_rows * int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-        self.cache_chunks = max(1, cache_bytes // max(chunk_bytes, 1))
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-        self._fd: int | None = None
-        self._pid = -1
-
-    @classmethod
-    def for_dataset(cls, ds: Any, path: str, cache_bytes: int = 16 << 20) -> GzipChunkReader | None:
-        """A reader for ``ds`` when its layout and filters allow it, else None."""
-        if ds.chunks is None or ds.compression != "gzip" or ds.fletcher32 or ds.scaleoffset:
-            return None
-        if ds.external or ds.is_virtual or ds.dtype.kind not in "biuf" or ds.dtype.hasobject:
-            return None
-        if tuple(ds.chunks[1:]) != tuple(ds.shape[1:]):
-            return None
-        plist = ds.id.get_create_plist()
-        filters = tuple(int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters()))
-        if filters not in ((h5z.FILTER_DEFLATE,), (h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE)):
-            return None
-        n = int(ds.shape[0])
-        rows = int(ds.chunks[0])
-        found: list[tuple[int, int, int, int]] = []
-        if n:
-            ds.id.chunk_iter(lambda i: found.append((i.chunk_offset[0], i.byte_offset, i.size, i.filter_mask)))
-        found.sort()
-        starts = np.array([c[0] for c in found], dtype=np.int64)
-        if starts.shape != (-(-n // rows),) or np.any(starts != np.arange(0, n, rows, dtype=np.int64)):
-            return None  # unallocated chunks (fill values) are left to HDF5
-        return cls(path, tuple(int(d) for d in ds.shape), ds.dtype, rows,
-                   np.array([c[1] for c in found], np.int64), np.array([c[2] for c in found], np.int64),
-                   np.array([c[3] for c in found], np.int64), filters, cache_bytes)
-
-    def _file(self) -> int:
-        if self._fd is None or self._pid != os.getpid():
-            self._fd = os.open(self.path, os.O_RDONLY)
-            self._pid = os.getpid()
-        return self._fd
-
-    def rebind(self, ds: Any) -> None:
-        """A writer committed: take the chunks' new addresses (a rewritten chunk moved).
-
-        Called under the commit lock. Decoded chunks in the cache stay right for the rows
-        this reader's snapshot holds: committed rows never change.
-        """
-        new = GzipChunkReader.for_dataset(ds, self.path)
-        if new is None:
-            raise CorruptRecordError(f"{self.path}: {ds.name} changed layout while open")
-        self.offsets, self.sizes, self.masks = new.offsets, new.sizes, new.masks
-
-    def close(self) -> None:
-        if self._fd is not None and self._pid == os.getpid():
-            os.close(self._fd)
-        self._fd = None
-
-    def chunk(self, c: int) -> np.ndarray:
-        """Chunk ``c`` decoded: ``(chunk_rows, *row_shape)``."""
-        with self._lock:
-            hit = self._cache.get(c)
-            if hit is not None:
-                self._cache.move_to_end(c)
-                return hit
-        size = int(self.sizes[c])
-        raw = os.pread(self._file(), size, int(self.offsets[c]))
-        if len(raw) != size:
-            raise CorruptRecordError(f"{self.path}: short read of chunk {c} ({len(raw)} of {size} bytes)")
-        mask = int(self.masks[c])
-        data: bytes | np.ndarray = raw
-        try:
-            for i in reversed(range(len(self.filters))):
-                if mask & (1 << i):
-                    continue  # this filter was skipped when the chunk was written
-                if self.filters[i] == h5z.FILTER_DEFLATE:
-                    data = zlib.decompress(data)
-                else:  # byte shuffle: byte 0 of every element, then byte 1...
-                    data = _unshuffle(data, self.dtype.itemsize)
-        except zlib.error as e:
-            raise CorruptRecordError(f"{self.path}: chunk {c} does not inflate ({e})") from None
-        row = int(np.prod(self.shape[1:], dtype=np.int64))
-        values = np.frombuffer(data, self.dtype)
-        if values.size != self.chunk_rows * row:
-            raise CorruptRecordError(f"{self.path}: chunk {c} holds {values.size} values, expected "
-                                     f"{self.chunk_rows * row}")
-        values = values.reshape(self.chunk_rows, *self.shape[1:])
-        with self._lock:
-            self._cache[c] = values
-            while len(self._cache) > self.cache_chunks:
-                self._cache.popitem(last=False)
-        return values
-
-    def read_runs(self, plan: ReadPlan) -> np.ndarray:
-        out = np.empty((plan.total, *self.shape[1:]), dtype=self.dtype)
-        rows = self.chunk_rows
-        o = 0
-        for a, b in plan.runs.tolist():
-            if b > self.shape[0]:
-                raise CorruptRecordError(f"{self.path}: read of rows [{a}, {b}) past the end ({self.shape[0]})")
-            while a < b:
-                c = a // rows
-                base = c * rows
-                end = min(b, base + rows)
-                out[o : o + end - a] = self.chunk(c)[a - base : end - base]
-                o += end - a
-                a = end
-        return out
-
-
-def _unshuffle(data: bytes | np.ndarray, itemsize: int) -> np.ndarray:
-    planes = np.frombuffer(data, np.uint8).reshape(itemsize, -1)
-    out = np.empty((planes.shape[1], itemsize), np.uint8)
-    for j in range(itemsize):  # one strided copy per byte plane: ~5x faster than planes.T.copy()
-        out[:, j] = planes[j]
-    return out
+#: The chunk reader of compressed features: :class:`h5store.storage.ChunkReader`, which every
+#: read path uses (this name stays for code that imported it from here).
+GzipChunkReader = ChunkReader
 
 
 def prepare_for_threads(dataset: FileDataset) -> FileDataset:
@@ -506,7 +359,8 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int,
                  seed: int = 0, prefetch: int = 2, threads: int = 2, drop_last: bool = False, epoch: int = 0,
                  params: Mapping[str, Any] | SharedParams | None = None, mask: bool = False,
                  bucket: bool | int | None = None, items: Sequence[int] | np.ndarray | None = None,
-                 in_memory: bool | Sequence[str] = False, rank: int = 0, world_size: int = 1) -> BatchIterator:
+                 in_memory: bool | Sequence[str] = False, rank: int = 0, world_size: int = 1,
+                 verify: bool | str = True) -> BatchIterator:
     """One epoch of batches as dicts of numpy arrays, read ahead by background threads.
 
     The batches are those of :func:`~h5store.serving.serve` with the same options (same
@@ -539,6 +393,10 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int,
         Which epoch to serve (its order and crops).
     params, mask, bucket, items, in_memory, rank, world_size
         As for :func:`~h5store.serving.serve`.
+    verify : {True, False, "skip"}
+        Check each served item against its stored CRC-32 (default; a damaged one raises
+        :class:`~h5store.errors.CorruptRecordError`), ``"skip"`` damaged items (warned, listed
+        in ``dataset.skipped``), or False: unchecked. See :class:`~h5store.serving.FileDataset`.
 
     Returns
     -------
@@ -563,7 +421,8 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int,
     else:
         if batch is None:
             raise TypeError("iter_batches: pass batch=dict(key=getter, ...)")
-        dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items)
+        dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
+                              verify=verify)
     sampler = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, bucket=bucket,
                            rank=rank, world_size=world_size)
     return BatchIterator(dataset, sampler.batches(int(epoch)), int(epoch), prefetch, threads)

@@ -20,13 +20,14 @@ from __future__ import annotations
 import mmap
 import os
 import tempfile
+import traceback
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SharedArray", "SharedParams", "shm_dir"]
+__all__ = ["SharedArray", "SharedFlags", "SharedParams", "shm_dir"]
 
 _EPOCH = "_epoch"  # reserved slot: the epoch a batch without its own epoch is drawn from
 
@@ -301,7 +302,14 @@ class SharedArray:
         if nbytes:
             with open(self.path, "r+b") as fh, mmap.mmap(fh.fileno(), nbytes) as mm:
                 out = np.frombuffer(mm, dtype=self.dtype).reshape(self.shape)
-                fill(out)
+                try:
+                    fill(out)
+                except BaseException as e:
+                    # The failed fill's frames hold `out`: the mapping could not close, and a
+                    # BufferError would replace the error that says what went wrong.
+                    del out
+                    traceback.clear_frames(e.__traceback__)
+                    raise
                 del out
 
     @property
@@ -334,3 +342,47 @@ class SharedArray:
 
     def __repr__(self) -> str:
         return f"<SharedArray {self.dtype}{self.shape} at {self.path}>"
+
+
+class SharedFlags:
+    """One flag (a byte) per item, set by any process and seen by all: the items a dataset skipped.
+
+    Backed by a file in ``/dev/shm`` mapped read-write by the main process and every
+    DataLoader worker (fork, spawn, forkserver); it pickles as its path.
+
+    Examples
+    --------
+    >>> flags = SharedFlags(5)
+    >>> flags.set(3)
+    >>> flags.positions().tolist()
+    [3]
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = int(n)
+        self.path = _new_file("h5store-flags-", max(self.n, 1))
+        self._finalizer = weakref.finalize(self, _unlink, self.path, os.getpid())
+        self._array: np.ndarray | None = None
+
+    @property
+    def array(self) -> np.ndarray:
+        if self._array is None:
+            with open(self.path, "r+b") as fh:
+                mm = mmap.mmap(fh.fileno(), max(self.n, 1))
+            self._array = np.frombuffer(mm, dtype=np.uint8)[: self.n]
+        return self._array
+
+    def set(self, position: int) -> None:
+        self.array[int(position)] = 1
+
+    def positions(self) -> np.ndarray:
+        """The flagged positions, in increasing order."""
+        return np.flatnonzero(self.array)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "n": self.n}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self.n, self._array = state["path"], int(state["n"]), None
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"{self.path}: shared flags are gone (the process that created them ended)")

@@ -239,7 +239,8 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int, *, sh
                   prefetch: int | None = AUTOTUNE, deterministic: bool | None = None, epoch: int = 0,
                   params: Mapping[str, Any] | SharedParams | None = None, mask: bool = False,
                   bucket: bool | int | None = None, items: Sequence[int] | np.ndarray | None = None,
-                  in_memory: bool | Sequence[str] = False, rank: int = 0, world_size: int = 1) -> tf.data.Dataset:
+                  in_memory: bool | Sequence[str] = False, rank: int = 0, world_size: int = 1,
+                  verify: bool | str = True) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of batches (dicts of tensors) of an h5store file or a concat of files.
 
     Parameters
@@ -274,6 +275,14 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int, *, sh
     params, mask, bucket, items, in_memory, rank, world_size
         As for :func:`~h5store.serving.serve` (``rank`` / ``world_size``: this worker's
         share of every epoch).
+    verify : {True, False, "skip"}
+        Check each served item against its stored CRC-32 (default). A damaged item raises
+        :class:`~h5store.errors.CorruptRecordError` naming file, feature and id, which
+        tf.data re-raises as ``tf.errors.InvalidArgumentError`` whose message starts with
+        ``CorruptRecordError:``. ``"skip"``: damaged items are left out (their batch is
+        shorter, so the batch dimension is never static), warned with
+        :class:`~h5store.serving.CorruptRecordWarning` and listed by
+        ``ds.h5store_skipped()``; False: unchecked. See :class:`~h5store.serving.FileDataset`.
 
     Returns
     -------
@@ -296,10 +305,12 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int, *, sh
     TensorSpec(shape=(None, None, 80), dtype=tf.float32, name=None)
     >>> model.fit(ds, epochs=10)  # each epoch reshuffled  # doctest: +SKIP
     """
-    dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items)
+    dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
+                          verify=verify)
     sampler = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, bucket=bucket,
                            rank=rank, world_size=world_size)
-    layout = Layout(dataset, _static_batch(batch_size, drop_last), ragged)
+    # verify="skip" shortens a batch by its damaged items: the batch size cannot be static.
+    layout = Layout(dataset, _static_batch(batch_size, drop_last and verify != "skip"), ragged)
     prepare_for_threads(dataset)
     epochs = _Epochs(epoch)
     n_batches = len(sampler)
@@ -326,7 +337,10 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int, *, sh
     ds = tf.data.Dataset.range(1).flat_map(batches_of_epoch)
     ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
     ds = ds.map(fetch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
-    return _finish(ds, prefetch)
+    out = _finish(ds, prefetch)
+    # verify="skip": the ids left out so far (also warned); tf.data transformations drop it.
+    out.h5store_skipped = lambda: dataset.skipped
+    return out
 
 
 # --------------------------------------------------------------------------- many files

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 import h5store as h5s
-from h5store.storage import DirectReader, H5Reader, MemoryReader
+from h5store.storage import ChunkReader, DirectReader, H5Reader, MemoryReader
 
 MEL = 8
 
@@ -65,14 +65,15 @@ def make_speech(path: Path | str, n: int, seed: int = 0, lengths: tuple[int, int
 
 
 class ReaderKind(h5s.Getter):
-    """Which reader served ``feature`` in the process that read the batch (0 direct, 1 HDF5, 2 memory)."""
+    """Which reader served ``feature`` in the process that read the batch (0 direct, 1 HDF5, 2 memory,
+    3 compressed chunks decoded by h5store)."""
 
     def __init__(self, feature: str) -> None:
         self.features = (feature,)
 
     def fetch(self, files: Any, request: h5s.serving.Request) -> np.ndarray:
         reader = files.column(0, self.features[0]).reader()
-        kind = {DirectReader: 0, H5Reader: 1, MemoryReader: 2}[type(reader)]
+        kind = {DirectReader: 0, H5Reader: 1, MemoryReader: 2, ChunkReader: 3}[type(reader)]
         return np.full(len(request), kind, dtype=np.int64)
 
     def signature(self, files: Any) -> tuple[np.dtype, tuple[int | None, ...]]:

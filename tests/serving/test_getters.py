@@ -163,7 +163,7 @@ def test_compressed_feature_reads_through_hdf5(lzf_path: Path) -> None:
     ds = FileDataset(f, dict(x=h5s.Item("mel"), w=h5s.Window("mel", 3, random=False), kind=ReaderKind("mel")))
     idx = np.array([4, 0, 24, 4])
     b = ds.fetch(idx)
-    assert (b["kind"] == 1).all()  # H5Reader
+    assert (b["kind"] == 3).all()  # ChunkReader: lzf decoded by h5store, bounded
     for j, i in enumerate(idx.tolist()):
         np.testing.assert_array_equal(b["x"][j, : len(mel[i])], mel[i])
         np.testing.assert_array_equal(b["w"][j, : min(3, len(mel[i]))], mel[i][:3])

@@ -1,0 +1,172 @@
+"""What checking every served item's CRC-32 costs (issue 11, point 7).
+
+Serving checks each item it delivers against its stored CRC-32 by default (``verify=True``);
+``verify=False`` turns it off. This measures the cost on uncompressed mel items (float32,
+100-600 frames x 80) read from the page cache, mostly in this process (``FileDataset.fetch``,
+no workers, so nothing else hides it):
+
+* whole items, ``Item("mel")``, batch 16: the CRC-32 runs over the bytes the batch read;
+* the same through ``serve()`` with 2 DataLoader workers (the check runs in the workers);
+* 64-frame windows, ``Window("mel", 64)``, batch 32: the first time any part of an item is
+  served in a process the whole item is read and checked (a bitmap per feature remembers
+  it); later windows of it are not checked. "first epoch" uses a fresh dataset per run (every
+  item read whole once), "later epochs" a dataset whose items were all checked already.
+
+Runs of ``verify=False`` and ``verify=True`` are interleaved (off, on, off, on...), the best
+of each kept; the figure is the ratio on/off. Also recorded: ``zlib.crc32``'s and memcpy's
+speed here, and the load average (the machine is shared).
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_crc.py                  # ~1 min, writes RESULTS.md
+    .venv/bin/python benchmarks/bench_crc.py --quick --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+import h5store as h5s
+from benchmarks import _common as C
+from h5store.serving import FileDataset
+from h5store.serving.files import _crc32
+
+HEADING = "Serving with CRC-32 checks (issue 11)"
+
+
+class Crc(h5s.TypedFile):
+    mel = h5s.Array(dtype="float32", shape=(None, C.N_MELS))
+
+
+def crc_gbps(crc32: Callable[[memoryview], int] = zlib.crc32, nbytes: int = 64 << 20, times: int = 5) -> float:
+    """Best speed of a CRC-32 function over an ``nbytes`` buffer (GB/s)."""
+    buf = memoryview(np.random.default_rng(0).standard_normal(nbytes // 8)).cast("B")
+    best = float("inf")
+    for _ in range(times):
+        t0 = time.perf_counter()
+        crc32(buf)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def epoch(ds: FileDataset, batch_size: int, order: np.ndarray) -> tuple[int, int]:
+    items = payload = 0
+    for a in range(0, len(order), batch_size):
+        b = ds.fetch(order[a : a + batch_size], epoch=0)
+        items += len(b["x"])
+        payload += b["x"].nbytes
+    return items, payload
+
+
+def measure(path: Path, getter: h5s.Getter, batch_size: int, rounds: int, fresh: bool) -> tuple[C.Timing, C.Timing]:
+    f = Crc(path)
+    kept = {v: FileDataset(f, dict(x=getter), verify=v) for v in (False, True)}
+    n = len(kept[False])
+    order = np.random.default_rng(1).permutation(n)
+    for ds in kept.values():
+        epoch(ds, batch_size, order)  # warm: descriptors open, tables read, items checked
+    timings = {v: C.Timing(f"verify={v}") for v in (False, True)}
+    for _ in range(rounds):
+        for v in (False, True):
+            ds = FileDataset(f, dict(x=getter), verify=v) if fresh else kept[v]
+            t0 = time.perf_counter()
+            items, payload = epoch(ds, batch_size, order)
+            timings[v].runs.append(C.Run(items, time.perf_counter() - t0, payload))
+    f.close()
+    return timings[False], timings[True]
+
+
+def measure_loader(path: Path, rounds: int) -> tuple[C.Timing, C.Timing]:
+    """Whole items through ``serve()`` with 2 persistent workers (checks in the workers)."""
+    f = Crc(path)
+    loaders = {v: f.serve(dict(x=h5s.Item("mel")), batch_size=16, shuffle=True, num_workers=2,
+                          persistent_workers=True, verify=v) for v in (False, True)}
+    timings = {v: C.Timing(f"verify={v}") for v in (False, True)}
+    for loader in loaders.values():
+        for _ in loader:  # warm: workers up, files open
+            pass
+    for _ in range(rounds):
+        for v, loader in loaders.items():
+            t0 = time.perf_counter()
+            items = payload = 0
+            for b in loader:
+                items += len(b["x"])
+                payload += b["x"].numel() * 4
+            timings[v].runs.append(C.Run(items, time.perf_counter() - t0, payload))
+    del loaders
+    f.close()
+    return timings[False], timings[True]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small file and 2 rounds (a smoke run)")
+    ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
+    ap.add_argument("--items", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--cache-dir", default=None, help="where the test file is written (default: a temporary folder)")
+    args = ap.parse_args()
+    n = args.items or (60 if args.quick else 600)
+    rounds = args.rounds or (2 if args.quick else 7)
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(dir=args.cache_dir) as tmp:
+        path = Path(tmp) / "crc.h5"
+        with C.step(f"write {n} mel items"):
+            data, offsets = C.make_mels(n, seed=0)
+            with Crc(path, mode="w") as f:
+                f.extend(list(zip(C.item_ids(n), ({"mel": m} for m in C.split(data, offsets)))))
+            del data
+        C.warm_page_cache([path])
+        size = path.stat().st_size
+        rows = []
+        cases = [("whole items, Item('mel'), batch 16", h5s.Item("mel"), 16, False),
+                 ("64-frame windows, batch 32, first epoch", h5s.Window("mel", 64), 32, True),
+                 ("64-frame windows, batch 32, later epochs", h5s.Window("mel", 64), 32, False)]
+        for label, getter, bs, fresh in cases:
+            with C.step(label):
+                off, on = measure(path, getter, bs, rounds, fresh)
+            rows.append([label, C.fmt_rate(off.rate), C.fmt_rate(on.rate), C.fmt_ratio(on.rate / off.rate),
+                         f"{(1 - on.rate / off.rate) * 100:.0f}%"])
+        with C.step("whole items, 2-worker DataLoader"):
+            off, on = measure_loader(path, rounds)
+        rows.append(["whole items, batch 16, serve() with 2 workers", C.fmt_rate(off.rate), C.fmt_rate(on.rate),
+                     C.fmt_ratio(on.rate / off.rate), f"{(1 - on.rate / off.rate) * 100:.0f}%"])
+        crc = crc_gbps()
+        served = crc_gbps(_crc32)
+        mem = C.memcpy_gbps()
+    load1 = os.getloadavg()[0]
+    table = C.md_table(["pipeline (in-process fetch unless said)", "verify=False items/s", "verify=True items/s",
+                        "ratio", "cost"], rows)
+    body = "\n".join([
+        f"`.venv/bin/python benchmarks/bench_crc.py` ({C.today()}; {n} items, {size / 2**20:.0f} MiB in the page "
+        f"cache, best of {rounds} interleaved rounds).",
+        "",
+        table,
+        "",
+        f"The CRC-32 serving computes ({_crc32.__module__}.crc32, the same checksum as zlib's): {served:.1f} GB/s "
+        f"here; zlib.crc32: {crc:.2f} GB/s; single-core memcpy: {mem:.1f} GB/s. Whole items pay one pass of the "
+        "CRC over the bytes read; a window's item is read whole once per process (first epoch), then only a "
+        "bitmap lookup per batch.",
+        "",
+        C.load_note((load0, load1)),
+        "",
+        C.machine_info(),
+    ])
+    print(body)
+    if not args.no_write:
+        C.write_section(HEADING, body)
+
+
+if __name__ == "__main__":
+    main()

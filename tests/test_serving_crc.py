@@ -1,0 +1,175 @@
+"""No silently wrong item reaches training (issue 11, point 7).
+
+One data byte of one item is flipped in a real file (found through the chunk table, as a
+disk or a copy would damage it). Serving checks each item it delivers against its stored
+CRC-32 by default: ``serve()`` (forked and spawned workers), ``iter_batches`` and
+``to_tf_dataset`` raise :class:`CorruptRecordError` naming the file, the feature and the
+id; ``verify=False`` delivers the damaged item; ``verify="skip"`` leaves it out, warns
+and lists it in ``dataset.skipped`` (shared by every worker). ``h5store verify FILE``
+reads every item by default and names the damaged record; ``--quick`` checks structure
+only and says that item data was not read.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import h5store as h5s
+from h5store.cli import main
+from h5store.errors import CorruptRecordError
+from h5store.serving import CorruptRecordWarning
+from h5store.storage import DirectReader
+from tests.serving.schemas import Speech, make_speech
+
+N = 24
+BAD = 7
+BATCH = dict(x=h5s.Item("mel"), y=h5s.Label("label"), pos=h5s.Position())
+
+
+def flip(path: Path, feature: str, position: int) -> None:
+    """XOR one byte in the middle of an item's stored data (the file's bytes, not HDF5's view)."""
+    with h5py.File(path, "r", locking=False) as f:
+        g = f[feature]
+        a, b = (int(v) for v in g["index"][position])
+        reader = DirectReader.for_dataset(g["data"], str(path))
+        assert reader is not None
+        row = (a + b) // 2
+        p = int(reader.starts.searchsorted(row, side="right")) - 1
+        offset = int(reader.offsets[p]) + (row - int(reader.starts[p])) * reader.row_nbytes
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ 0x10]))
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("crc") / "clean.h5"
+    make_speech(path, N, seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def damaged(clean: Path) -> Path:
+    path = clean.with_name("damaged.h5")
+    shutil.copy(clean, path)
+    flip(path, "mel", BAD)
+    return path
+
+
+def names_it(e: pytest.ExceptionInfo, path: Path, feature: str = "mel", position: int = BAD) -> None:
+    text = str(e.value)
+    assert str(path) in text and f"/{feature}" in text and f"id{position:05d}" in text, text
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_serve_raises_naming_file_feature_and_id(damaged, method):
+    pytest.importorskip("torch")
+    f = Speech(damaged)
+    loader = f.serve(BATCH, batch_size=8, num_workers=2, multiprocessing_context=method)
+    with pytest.raises(CorruptRecordError) as e:
+        for _ in loader:
+            pass
+    names_it(e, damaged)
+
+
+def test_a_window_of_a_damaged_item_raises(damaged):
+    pytest.importorskip("torch")
+    loader = Speech(damaged).serve(dict(x=h5s.Window("mel", 2)), batch_size=8)
+    with pytest.raises(CorruptRecordError) as e:
+        for _ in loader:
+            pass
+    names_it(e, damaged)
+
+
+def test_a_damaged_label_raises(clean, tmp_path):
+    pytest.importorskip("torch")
+    path = tmp_path / "label.h5"
+    shutil.copy(clean, path)
+    flip(path, "label", 3)
+    with pytest.raises(CorruptRecordError) as e:
+        for _ in Speech(path).serve(BATCH, batch_size=8):
+            pass
+    names_it(e, path, "label", 3)
+
+
+def test_verify_off_delivers_the_damaged_item(clean, damaged):
+    pytest.importorskip("torch")
+    want = Speech(clean).mel.read_many(range(N))
+    got = {}
+    for b in Speech(damaged).serve(BATCH, batch_size=8, num_workers=2, verify=False):
+        for p, x, n in zip(b["pos"].tolist(), b["x"].numpy(), b["x_lengths"].tolist()):
+            got[p] = x[:n]
+    assert sorted(got) == list(range(N))
+    assert [p for p in range(N) if not np.array_equal(got[p], want[p])] == [BAD]
+
+
+@pytest.mark.filterwarnings("default::h5store.serving.CorruptRecordWarning")  # in the workers: to stderr
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_skip_leaves_the_item_out_and_reports_it(damaged, method):
+    pytest.importorskip("torch")
+    loader = Speech(damaged).serve(BATCH, batch_size=8, num_workers=2, multiprocessing_context=method,
+                                   verify="skip")
+    for epoch in range(2):
+        served = [p for b in loader for p in b["pos"].tolist()]
+        assert sorted(served) == [p for p in range(N) if p != BAD], epoch
+    assert loader.dataset.skipped == loader.skipped == [f"id{BAD:05d}"]
+
+
+def test_skip_in_process_warns(damaged):
+    f = Speech(damaged)
+    with pytest.warns(CorruptRecordWarning, match=f"id{BAD:05d}"):
+        served = [p for b in f.iter_batches(BATCH, batch_size=5, threads=2, verify="skip") for p in b["pos"]]
+    assert sorted(served) == [p for p in range(N) if p != BAD]
+
+
+def test_iter_batches_raises(damaged):
+    with pytest.raises(CorruptRecordError) as e:
+        for _ in Speech(damaged).iter_batches(dict(x=h5s.Window("mel", 3)), batch_size=8, threads=2):
+            pass
+    names_it(e, damaged)
+
+
+def test_to_tf_dataset_raises(damaged):
+    tf = pytest.importorskip("tensorflow")
+    ds = Speech(damaged).to_tf_dataset(BATCH, batch_size=8)
+    # tf.data carries a Python exception raised in its reader across its C++ runtime as a
+    # tf error of its own (InvalidArgumentError); the message is CorruptRecordError's.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="CorruptRecordError: ") as e:
+        for _ in ds:
+            pass
+    names_it(e, damaged)
+
+
+def test_to_tf_dataset_skip_leaves_the_item_out(damaged):
+    pytest.importorskip("tensorflow")
+    ds = Speech(damaged).to_tf_dataset(BATCH, batch_size=8, verify="skip", drop_last=True, num_parallel_calls=1)
+    with pytest.warns(CorruptRecordWarning, match=f"id{BAD:05d}"):
+        served = [p for b in ds for p in b["pos"].numpy().tolist()]
+    assert len(served) == N - 1 and BAD not in served
+    assert ds.h5store_skipped() == [f"id{BAD:05d}"]
+
+
+def test_cli_verify_reads_every_record_by_default(damaged, capsys):
+    assert main(["verify", str(damaged)]) == 1
+    out = capsys.readouterr().out
+    assert f"id{BAD:05d}" in out and "mel" in out, out
+
+
+def test_cli_verify_quick_says_data_was_not_read(damaged, capsys):
+    assert main(["verify", "--quick", str(damaged)]) == 0
+    out = capsys.readouterr().out
+    assert "data was not read" in out, out
+
+
+def test_an_unknown_verify_mode_is_refused(clean):
+    from h5store.serving import FileDataset
+
+    with pytest.raises(ValueError, match="verify must be True, False or 'skip'"):
+        FileDataset(Speech(clean), BATCH, verify="yes")
