@@ -247,14 +247,14 @@ def tf_pipes(f: Any, feature: str, batch_size: int, cfg: Config, calls: dict[str
     spec = {"x": h5s.Item(feature)}
     pipes: dict[str, Callable[[], Run]] = {}
     for name, npc in calls.items():
-        ds = f.to_tf_dataset(spec, batch_size, seed=0, num_parallel_calls=npc)
+        ds = f.to_tf_dataset(spec, batch_size, shuffle=True, seed=0, num_parallel_calls=npc)
         pipes[name] = lambda ds=ds: timed(lambda: ds, cfg.min_seconds, cfg.max_seconds)
     return pipes
 
 
 def numpy_pipes(f: Any, feature: str, batch_size: int, cfg: Config, threads: Iterable[int],
                 pool: bool = True) -> dict[str, Callable[[], Run]]:
-    from h5store.serving import FileDataset
+    from h5store.serving import FileDataset, iter_batches
     from h5store.serving.numpy_iter import aligned_empty
 
     ds = FileDataset(f, {"x": h5s.Item(feature)})
@@ -263,7 +263,7 @@ def numpy_pipes(f: Any, feature: str, batch_size: int, cfg: Config, threads: Ite
     epochs = iter(range(1 << 30))
     suffix = "" if pool else " (no buffer pool)"
     return {f"N threads={t}{suffix}": (lambda t=t: timed(
-                lambda: h5s.iter_batches(ds, None, batch_size, threads=t, prefetch=2 * t, epoch=next(epochs)),
+                lambda: iter_batches(ds, None, batch_size, shuffle=True, threads=t, prefetch=2 * t, epoch=next(epochs)),
                 cfg.min_seconds, cfg.max_seconds))
             for t in threads}
 
@@ -317,9 +317,9 @@ def same_batches(f: Any, cfg: Config) -> dict[str, Any]:
 
     spec = {"x": h5s.Item("mel"), "w": h5s.Window("mel", 64), "n": h5s.Position()}
     k = cfg.check_batches
-    tf_b = [{key: v.numpy() for key, v in b.items()} for b in f.to_tf_dataset(spec, 16, seed=0).take(k)]
+    tf_b = [{key: v.numpy() for key, v in b.items()} for b in f.to_tf_dataset(spec, 16, shuffle=True, seed=0).take(k)]
     np_b = []
-    for b in f.iter_batches(spec, 16, seed=0, threads=2):
+    for b in f.iter_batches(spec, 16, shuffle=True, seed=0, threads=2):
         np_b.append(dict(b))
         if len(np_b) == k:
             break

@@ -6,7 +6,7 @@ What people write by hand (`tf.py_function` reading one example per call, reopen
 file) pays a Python call, an HDF5 call and a tensor conversion per example. Here each
 tf.data element is a whole batch read in one planned read, by parallel threads:
 
-- `f.to_tf_dataset(batch, batch_size)`: batches of one file (or of `h5s.concat([...])`),
+- `f.to_tf_dataset(batch, batch_size=32, shuffle=True)`: batches of one file (or of `h5s.concat([...])`),
   reshuffled at every iteration (every Keras epoch), random crops reproducible from the seed;
 - `h5s.interleave(paths, batch, ...)`: `cycle_length` files open at once, read
   concurrently by `num_parallel_calls` threads, each file opened once per pass.
@@ -58,7 +58,8 @@ def main() -> None:
 
     # 1. One file to Keras: 64-frame windows and labels, batches of 32, read by tf.data threads.
     f = Features(paths[0])
-    ds = f.to_tf_dataset(dict(x=h5s.Window("mel", 64), y=h5s.Label("label")), batch_size=32, drop_last=True)
+    ds = f.to_tf_dataset(dict(x=h5s.Window("mel", 64), y=h5s.Label("label")), batch_size=32, shuffle=True,
+                         drop_last=True)
     print("element spec:", {k: (v.shape.as_list(), v.dtype.name) for k, v in ds.element_spec.items()})
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.layers.Input((64, 40)), keras.layers.Conv1D(16, 5, activation="relu"),
@@ -71,7 +72,7 @@ def main() -> None:
 
     # 2. Many files, interleaved: 3 open at a time, read by 3 threads; `file` says where each batch came from.
     many = h5s.interleave([str(q) for q in paths], dict(x=h5s.Window("mel", 64), y=h5s.Label("label")),
-                          batch_size=32, cycle_length=3, num_parallel_calls=3, file_key="file")
+                          batch_size=32, shuffle=True, cycle_length=3, num_parallel_calls=3, file_key="file")
     per_file: Counter[int] = Counter()
     examples = 0
     for b in many:  # one pass over every file

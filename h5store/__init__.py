@@ -7,6 +7,7 @@
 """
 
 from h5store.errors import (
+    ArgumentError,
     CorruptRecordError,
     DuplicateIdError,
     FormatError,
@@ -34,14 +35,15 @@ from h5store.features import (
     Text,
 )
 from h5store.schema import Feature, Group, Schema, Source, feature_types, register_feature
-from h5store.serving import interleave, iter_batches
+from h5store.serving import interleave
 from h5store.serving.files import concat
-from h5store.serving.getters import Frames, Getter, Item, Label, Position, Window
+from h5store.serving.getters import Frames, Getter, Id, Item, Label, Position, Window
 from h5store.typed_file import TypedFile, open
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
     "Array",
     "Audio",
     "CSVColumn",
@@ -56,6 +58,7 @@ __all__ = [
     "Getter",
     "Group",
     "H5StoreError",
+    "Id",
     "Item",
     "JournalError",
     "Label",
@@ -80,7 +83,6 @@ __all__ = [
     "concat",
     "feature_types",
     "interleave",
-    "iter_batches",
     "open",
     "register_feature",
 ]

@@ -84,11 +84,28 @@ class FeatureView:
     [(98, 80), (212, 80), (98, 80)]
     """
 
-    def __init__(self, group: GroupView, name: str, feature: Feature, column: Column) -> None:
+    def __init__(self, group: GroupView, name: str, feature: Feature, column: Column | None) -> None:
         self.group = group
         self.name = name
-        self.feature = feature
-        self.column = column
+        self._feature = feature
+        self._column = column
+
+    @property
+    def feature(self) -> Feature:
+        """The Feature (once its first item fixed an undeclared dtype or shape, the fixed one)."""
+        if self._column is None:
+            return self.group.features[self.name]
+        return self._feature
+
+    @property
+    def column(self) -> Column | _NoItemYet:
+        """The storage column; a stand-in without items while the first item is awaited."""
+        if self._column is None:
+            col = self.group.store.columns.get(self.name)
+            if col is None:
+                return _NoItemYet(self.group.store, self.name)
+            self._column, self._feature = col, self.group.features[self.name]
+        return self._column
 
     @property
     def where(self) -> str:
@@ -169,7 +186,10 @@ class FeatureView:
 
     def __setitem__(self, key: Key, value: Any) -> None:
         row = self.group.position(key)
-        item = self.group._encode(self.name, value, key)
+        fixing: dict[str, Feature] = {}
+        item = self.group._encode(self.name, value, key, fixing)
+        if fixing:
+            self.group.fix(fixing)  # the first item of an undeclared feature
         try:
             self.group.store.put(self.name, row, item)
         except SchemaError as e:
@@ -187,12 +207,57 @@ class FeatureView:
         row = self.group.position(key)
         if stop is None:
             stop = int(self.lengths[row])
-        raw = self.column.read_blobs(row, first, stop)
+        try:
+            raw = self.column.read_blobs(row, first, stop)
+        except KeyError:
+            raise NotFound(f"{self.where}: id {self.group.store.refs.id(row)!r} has no {self.name!r} item") from None
         decode = getattr(self.feature, "decode_blob", None)
         return [decode(b) for b in raw] if decode else raw
 
     def __repr__(self) -> str:
         return f"<feature {self.where} {self.feature!r}: {int(self.present.sum())} items>"
+
+
+class _NoItemYet:
+    """The column of a feature whose dtype or shape its first item will fix: no item yet.
+
+    Reads see every id as absent, as for a feature the ids were added without.
+    """
+
+    spec = None
+
+    def __init__(self, store: GroupStore, name: str) -> None:
+        self.where = f"{store.where.rstrip('/')}/{name}"
+        self._n = len(store)
+
+    @property
+    def index(self) -> np.ndarray:
+        return np.full((self._n, 2), -1, dtype=np.int64)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.zeros(self._n, dtype=np.int64)
+
+    @property
+    def present(self) -> np.ndarray:
+        return np.zeros(self._n, dtype=bool)
+
+    @property
+    def data(self) -> Any:
+        raise NotFound(f"{self.where}: holds no item yet, so it has no data (its dtype and shape are fixed by "
+                       "the first item stored)")
+
+    def flush_pending(self) -> None:
+        pass
+
+    def read_items(self, rows: Sequence[int] | np.ndarray, verify: bool = False) -> list[np.ndarray]:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size:
+            raise KeyError(int(rows[0]))
+        return []
+
+    def read_blobs(self, row: int, first: int, stop: int) -> list[np.ndarray]:
+        raise KeyError(row)
 
 
 _EXTEND_FORMS = (
@@ -245,20 +310,44 @@ class GroupView:
     array([0.9, 0.5], dtype=float32)
     """
 
-    def __init__(self, name: str, store: GroupStore, features: Mapping[str, Feature]) -> None:
+    def __init__(self, name: str, store: GroupStore, features: Mapping[str, Feature],
+                 on_fix: Callable[[str, Mapping[str, Feature]], None] | None = None) -> None:
         self.name = name
         self.store = store
         self.features = dict(features)
         self._views: dict[str, FeatureView] = {}
         self._ids: IdsView | None = None
+        # Called with the features their first items fixed (TypedFile writes the file's schema).
+        self._on_fix = on_fix
 
     def feature(self, name: str) -> FeatureView:
         view = self._views.get(name)
         if view is None:
             if name not in self.features:
                 raise NotFound(f"{self.store.where}: no feature {name!r} (features: {sorted(self.features)})")
-            view = self._views[name] = FeatureView(self, name, self.features[name], self.store.columns[name])
+            view = self._views[name] = FeatureView(self, name, self.features[name], self.store.columns.get(name))
         return view
+
+    def fix(self, fixed: Mapping[str, Feature]) -> None:
+        """Store the dtype and shape that first items fixed for undeclared features.
+
+        Each feature of ``fixed`` (from :meth:`Feature.fixed_by <h5store.schema.Feature.fixed_by>`)
+        gets its column, and the file's schema records it, committed with the items. Called
+        by :meth:`extend` and by ingest, before the first items are stored.
+
+        Examples
+        --------
+        >>> x = f.features["x"].fixed_by(first)  # doctest: +SKIP
+        >>> f.group().fix({"x": x})  # doctest: +SKIP
+        """
+        for name in fixed:
+            if name not in self.features or name in self.store.columns:
+                raise SchemaError(f"{self.store.where.rstrip('/')}/{name}: not a feature awaiting its first item")
+        for name, feat in fixed.items():
+            self.store.add_column(name, feat.spec())
+            self.features[name] = feat
+        if self._on_fix is not None:
+            self._on_fix(self.name, fixed)
 
     def __getattr__(self, name: str) -> FeatureView:
         if name.startswith("_") or name not in self.__dict__.get("features", {}):
@@ -298,14 +387,20 @@ class GroupView:
             row = self.position(key)
         except (KeyError, IndexError):
             return default
-        return {n: self.feature(n)[row] for n in self.features if self.store.columns[n].index[row, 0] >= 0}
+        cols = self.store.columns
+        return {n: self.feature(n)[row] for n in self.features if n in cols and cols[n].index[row, 0] >= 0}
 
     # -- writing -------------------------------------------------------------
-    def _encode(self, name: str, value: Any, id: Any) -> Any:
+    def _encode(self, name: str, value: Any, id: Any, fixing: dict[str, Feature] | None = None) -> Any:
+        """``value`` encoded for feature ``name``. A feature awaiting its first item is fixed by
+        ``value`` into ``fixing`` (applied with :meth:`fix` once the whole batch is valid)."""
         if name not in self.features:
             raise SchemaError(f"{self.store.where}: no feature {name!r} (features: {sorted(self.features)})")
+        feat = self.features[name]
         try:
-            return self.features[name].encode(value)
+            if not feat.is_fixed and fixing is not None:
+                feat = fixing.get(name) or fixing.setdefault(name, feat.fixed_by(value))
+            return feat.encode(value)
         except SchemaError as e:
             raise SchemaError(f"{self.store.where.rstrip('/')}/{name}: id {id!r}: {e}") from None
 
@@ -344,17 +439,23 @@ class GroupView:
         else:
             recs = list(records)  # type: ignore[arg-type]
         per: dict[str, tuple[list[int], list[Any], list[int]]] = {}
+        fixing: dict[str, Feature] = {}  # features whose first item is in this batch
         for j, (id, values) in enumerate(recs):
             for name, value in values.items():
                 sel, items, crcs = per.setdefault(name, ([], [], []))
                 sel.append(j)
-                items.append(value if encoded else self._encode(name, value, id))
+                items.append(value if encoded else self._encode(name, value, id, fixing))
                 if checksums is not None:
                     crcs.append(checksums[j][name])
-        for name in packed or {}:
-            if name not in self.store.columns:
+        for name in [*per, *(packed or {})]:
+            if name not in self.store.columns and name not in fixing:
+                if name in self.features:
+                    raise SchemaError(f"{self.store.where.rstrip('/')}/{name}: encoded items for a feature awaiting "
+                                      "its first item: fix() it first")
                 raise SchemaError(f"{self.store.where}: no feature {name!r} (features: {sorted(self.store.columns)})")
         rows = self.store.add([r[0] for r in recs], {})
+        if fixing:
+            self.fix(fixing)  # the batch is valid and its ids are new: its first items fix the storage
         for name, (sel, items, crcs) in per.items():
             self.store.columns[name].append(rows[np.asarray(sel, dtype=np.int64)], items,
                                             crcs if checksums is not None else None)
@@ -369,7 +470,13 @@ class GroupView:
         """
         rows = []
         for name in self.features:
-            col = self.store.columns[name]
+            col = self.store.columns.get(name)
+            if col is None:  # awaiting its first item
+                feat = self.features[name]
+                rows.append(dict(feature=name, type=feat.type_name, items=0, ids=len(self), dtype=feat.dtype,
+                                 shape=feat.shape, layout=feat.layout, lengths=[], compression=feat.compression,
+                                 data_bytes=0, disk_bytes=0, ratio=None))
+                continue
             spec = col.spec
             present = col.present
             lengths = col.lengths[present]

@@ -120,7 +120,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print("-" * len(head))
         for row in f.describe():
             name = f"{row['group'] + '/' if row['group'] else ''}{row['feature']}"
-            shape = "(" + ", ".join("T" if d is None else str(d) for d in row["shape"]) + ")"
+            shape = "(" + ", ".join("T" if d is None else str(d) for d in row["shape"] or ()) + ")"
+            if row["shape"] is None or row["dtype"] is None:  # h5s.Array(): fixed by the first item, none yet
+                row["dtype"], shape = row["dtype"] or "1st item", shape if row["shape"] is not None else "1st item"
             lens = "/".join(f"{v:.0f}" for v in row["lengths"]) if row["lengths"] else "-"
             comp = row["compression"] or "none"
             ratio = f" x{row['ratio']:.1f}" if row["compression"] and row["ratio"] else ""

@@ -10,6 +10,7 @@ Messages name the file, the feature and the id involved, and say what to do.
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "CorruptRecordError",
     "DuplicateIdError",
     "FormatError",
@@ -60,6 +61,11 @@ class JournalError(FormatError):
 
 class SchemaError(H5StoreError, TypeError):
     """A schema declaration, or an array, that does not fit the declared features."""
+
+
+class ArgumentError(H5StoreError, TypeError, ValueError):
+    """A call with an argument h5store does not take, or a value it cannot use (an unknown
+    keyword, ``batch_size=0``). Both ``except TypeError`` and ``except ValueError`` catch it."""
 
 
 class DuplicateIdError(H5StoreError, ValueError):

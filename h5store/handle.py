@@ -484,6 +484,11 @@ class FileHandle:
         j = self._journal
         return j.failure if j is not None and self._pid == os.getpid() else None
 
+    def check_usable(self) -> None:
+        """Raise the :class:`~h5store.errors.WriteError` refusal when an earlier write failed."""
+        if self.failure is not None:
+            raise self._journal.refused()  # type: ignore[union-attr]
+
     def flush(self) -> None:
         """Commit: HDF5 flushes, the file is fsynced, the journal deleted (the commit point).
 

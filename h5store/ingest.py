@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from h5store.checksum import item_crc
 from h5store.errors import (
     FormatError,
     H5StoreError,
@@ -62,7 +63,6 @@ from h5store.errors import (
 from h5store.journal import journal_path
 from h5store.refs import normalize_id
 from h5store.schema import Feature, Source
-from h5store.storage import item_crc
 
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
@@ -348,12 +348,13 @@ def _spool(features: dict[str, Feature], out: list[tuple[Any, ...]], folder: str
     then go through the result pipe as they are.
     """
     good = [(items, crcs) for _, items, crcs, *_ in out if items is not None]
-    specs = {name: feat.spec() for name, feat in features.items()}
+    # A feature still awaiting its first item (h5s.Array()) has no spec: the parent fixes it.
+    specs = {name: feat.spec() for name, feat in features.items() if feat.is_fixed}
     plan: dict[str, list[int]] = {}
     refused: set[str] = set()
     for j, (items, _) in enumerate(good):
         for name, x in items.items():
-            if name in refused:
+            if name in refused or name not in specs:
                 continue
             spec = specs[name]
             shape = getattr(x, "shape", None)
@@ -459,7 +460,7 @@ def _load_chunk(features: dict[str, Feature], chunk: list[tuple[Source, list[str
                 feat = features[name]
                 try:
                     items[name] = feat.encode(feat.load(source))
-                    crcs[name] = item_crc(feat.spec().layout, items[name])
+                    crcs[name] = item_crc(feat.fixed_by(items[name]).spec().layout, items[name])
                 except Exception as e:  # noqa: BLE001 - every failure is reported, none aborts the run
                     failed.append((name, type(e).__name__, str(e) or repr(e)))
         said = sorted({(w.category.__name__, str(w.message)) for w in caught})
@@ -672,6 +673,8 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         # than show 0% with an ETA computed from the start-up time.
         bar.set_postfix_str(f"starting {n_workers} workers", refresh=True)
     spool = _spool_folder(n_workers)
+    # Features declared without dtype or shape (h5s.Array()): the first item stored fixes them.
+    undeclared = sorted(n for n, f in prepared.items() if not f.is_fixed)
     try:
         last_commit = time.perf_counter()
         started = False
@@ -699,6 +702,8 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
                 with contextlib.suppress(OSError):
                     os.unlink(spooled.path)  # type: ignore[union-attr]
                 good = []
+            if good and undeclared:
+                good, sums = _fit_undeclared(out, prepared, undeclared, good, sums, seen, report)
             if good:
                 with spooled.opened() if spooled is not None else contextlib.nullcontext() as packed:
                     out.group().extend(good, encoded=True, checksums=sums, packed=packed)
@@ -738,6 +743,40 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     result = cls(path, mode="r")
     result.report = report  # type: ignore[attr-defined]
     return result
+
+
+def _fit_undeclared(out: TypedFile, prepared: dict[str, Feature], names: list[str], good: list[tuple[str, dict[str, Any]]],
+                    sums: list[dict[str, int]], seen: dict[str, Source],
+                    report: IngestReport) -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, int]]]:
+    """Check the items of features declared without dtype or shape, in the parent.
+
+    The first good item fixes the feature (its column is created and the file's schema
+    records it); each later item must fit it (converted within its kind, as ``encode`` does),
+    else its source fails with the message naming both shapes, and its record is not stored.
+    The fixed feature replaces the open one in ``prepared``, so chunks dispatched afterwards
+    are encoded (and spooled) by the workers with it. Returns the records to store.
+    """
+    kept, kept_sums = [], []
+    for (id, items), crcs in zip(good, sums):
+        fixing: dict[str, Feature] = {}
+        try:
+            for name in (n for n in names if n in items):
+                feat = fixing.get(name) or prepared[name]
+                if not feat.is_fixed:
+                    feat = fixing[name] = feat.fixed_by(items[name])
+                x = feat.encode(items[name])
+                if x is not items[name]:
+                    items[name] = x
+                    crcs[name] = item_crc(feat.spec().layout, x)
+        except SchemaError as e:
+            report.failures.append(Failure(id, name, "SchemaError", str(e), str(seen[id])))
+            continue
+        if fixing:
+            out.group().fix(fixing)
+            prepared.update(fixing)  # same keys: a dispatch pickling it meanwhile sees old or new
+        kept.append((id, items))
+        kept_sums.append(crcs)
+    return kept, kept_sums
 
 
 def _disk_failed(e: BaseException) -> bool:
@@ -900,7 +939,8 @@ def _prepare(cls: type[TypedFile], declared: dict[str, Feature], sources: list[S
         mine, theirs = _plain_params(feat), _plain_params(old)
         own = [f.name for f in dataclasses.fields(feat) if f.name not in _BASE_FIELDS]
         diff = [k for k in own + sorted(_BASE_FIELDS) if k in mine and k in theirs and k != "pattern"
-                and mine[k] != theirs[k]]  # the class's own parameters first
+                and mine[k] != theirs[k]  # the class's own parameters first
+                and not (k in ("dtype", "shape") and mine[k] is None)]  # undeclared: fixed by the stored items
         try:
             new = feat.prepare(accepted, old)
         except SchemaError:
@@ -916,6 +956,14 @@ def _prepare(cls: type[TypedFile], declared: dict[str, Feature], sources: list[S
             was = " and ".join(f"{k}={getattr(old, k)!r}" for k in diff)
             now = " and ".join(f"{k}={getattr(feat, k)!r}" for k in diff)
             raise SchemaError(_refusal(base, action, name, f"was stored with {was}, {cls.__name__} declares {now}"))  # type: ignore[arg-type]
+        if not new.is_fixed and old.is_fixed:  # type: ignore[union-attr]
+            if new.conflict(old.spec()):  # type: ignore[union-attr]
+                raise SchemaError(_refusal(base, action, name, f"is stored as {old.describe_storage()}, "  # type: ignore[arg-type]
+                                           f"{cls.__name__} declares {new.describe_storage()}"))  # type: ignore[union-attr]
+            new = new.fixed_as(old.spec())  # type: ignore[union-attr]
+        if not (new.is_fixed and old.is_fixed):  # type: ignore[union-attr]
+            out[name] = new  # type: ignore[assignment]
+            continue  # the stored feature awaits its first item too: the first stored fixes it
         a, b = old.spec(), new.spec()  # type: ignore[union-attr]
         if (a.dtype, a.shape, a.layout) != (b.dtype, b.shape, b.layout):
             raise SchemaError(_refusal(base, action, name, f"is stored as {a.dtype} {a.shape} ({a.layout}), "  # type: ignore[arg-type]
@@ -998,7 +1046,7 @@ def merge(cls: type[TypedFile], shards: Sequence[str | os.PathLike[str]], path: 
                     bad = sorted(n for n in params if params[n] != first.get(n))
                     raise SchemaError(f"{shard}: features {bad} were created with other parameters than {shards[0]}")
                 g = src.group()
-                cols = {n: g.store.columns[n] for n in feats}
+                cols = {n: g.store.columns[n] for n in feats if n in g.store.columns}  # not: no item yet
                 n_ids = len(src)
                 bar = tqdm(total=n_ids, unit="item", disable=not progress, desc=f"merge {os.path.basename(os.fspath(shard))}")
                 for a in range(0, n_ids, block):

@@ -177,6 +177,8 @@ class Feature:
     def __post_init__(self) -> None:
         if isinstance(self.shape, list):
             object.__setattr__(self, "shape", tuple(self.shape))
+        if self.dtype is None:
+            return  # undeclared: fixed by the first item stored (see fixed_by)
         try:
             dt = np.dtype(self.dtype)
         except TypeError:
@@ -189,8 +191,11 @@ class Feature:
     def problems(self) -> list[str]:
         """What is wrong with these parameters (empty when valid). Subclasses extend it."""
         out = []
-        if not isinstance(self.shape, tuple):
+        if self.shape is not None and not isinstance(self.shape, tuple):
             out.append(f"shape must be a tuple, got {self.shape!r}")
+            return out
+        if not self.is_fixed and self.layout == "blobs":
+            out.append("a blobs layout stores bytes: declare dtype='uint8', shape=(None,)")
             return out
         try:
             out.extend(ColumnSpec.problems(self._raw_spec()))
@@ -204,9 +209,16 @@ class Feature:
         return out
 
     def _raw_spec(self) -> ColumnSpec:
-        # Build without __post_init__ validation, so problems() can list them all.
+        # Build without __post_init__ validation, so problems() can list them all. An
+        # undeclared dtype or shape is checked with a stand-in that any first item could fix.
         spec = object.__new__(ColumnSpec)
-        for k, v in self._spec_kwargs().items():
+        kwargs = self._spec_kwargs()
+        if self.dtype is None:
+            kwargs["dtype"] = "float64"
+        if self.shape is None:
+            kwargs["shape"] = () if self.layout == "fixed" else (None,)
+            kwargs["layout"] = self.layout or "ragged"
+        for k, v in kwargs.items():
             object.__setattr__(spec, k, v)
         return spec
 
@@ -217,8 +229,125 @@ class Feature:
                     fletcher32=False, chunk_rows=self.chunk_rows)
 
     def spec(self) -> ColumnSpec:
-        """The storage description of this feature."""
+        """The storage description of this feature.
+
+        Raises :class:`~h5store.errors.SchemaError` while an undeclared dtype or shape is
+        not fixed yet (no item stored): see :meth:`fixed_by`.
+        """
+        if not self.is_fixed:
+            raise SchemaError(f"{type(self).__name__}: {_undeclared(self)} not declared and no item is stored "
+                              "yet, so how it is stored is not fixed")
         return ColumnSpec(**self._spec_kwargs())
+
+    # -- undeclared dtype / shape ------------------------------------------------
+    @property
+    def is_fixed(self) -> bool:
+        """Whether dtype and shape are known: declared, or fixed by the first item stored.
+
+        Examples
+        --------
+        >>> import h5store as h5s, numpy as np
+        >>> h5s.Array().is_fixed, h5s.Array().fixed_by(np.zeros((42, 7))).is_fixed
+        (False, True)
+        """
+        return self.dtype is not None and self.shape is not None
+
+    def fixed_by(self, value: Any) -> Feature:
+        """This feature with its undeclared dtype and shape taken from ``value``, the first item.
+
+        The dtype becomes the item's (numeric or bool only); the shape becomes
+        ``(None, *item.shape[1:])`` (ragged along the first axis) for an item of 1 dim or
+        more, ``()`` for a 0-d item (one scalar per item; ``layout="fixed"`` keeps the whole
+        item shape). Declared parts are kept as declared. Returns ``self`` when both are
+        declared. Raises :class:`~h5store.errors.SchemaError` for non-numeric items.
+
+        Examples
+        --------
+        >>> import h5store as h5s, numpy as np
+        >>> x = h5s.Array().fixed_by(np.zeros((42, 7)))
+        >>> x.dtype, x.shape
+        ('float64', (None, 7))
+        """
+        if self.is_fixed:
+            return self
+        try:
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        except (ValueError, TypeError) as e:
+            raise SchemaError(f"cannot be made into one numeric array ({e})") from None
+        dtype, shape = self.dtype, self.shape
+        if dtype is None:
+            if arr.dtype.kind not in "biufc":
+                what = {"U": "str", "S": "bytes", "O": "object"}.get(arr.dtype.kind, arr.dtype.kind)
+                raise SchemaError(f"got {what} data (dtype {arr.dtype.str if arr.dtype.kind in 'US' else arr.dtype}); "
+                                  f"an Array stores numeric or bool arrays: use h5s.Text() for text")
+            dtype = arr.dtype.name
+        if shape is None:
+            if self.layout == "fixed" or (self.layout is None and arr.ndim == 0):
+                shape = tuple(int(d) for d in arr.shape)
+            elif arr.ndim == 0:
+                raise SchemaError(f"a {self.layout} layout needs items of 1 dim or more, got a scalar")
+            else:
+                shape = (None, *(int(d) for d in arr.shape[1:]))
+        out = dataclasses.replace(self, dtype=dtype, shape=shape)
+        object.__setattr__(out, "_by_first_item", (self.dtype is None, self.shape is None))
+        return out
+
+    def fixed_as(self, spec: ColumnSpec, by_first_item: Feature | None = None) -> Feature:
+        """This feature with its undeclared dtype and shape taken from ``spec`` (as stored).
+
+        ``by_first_item`` is the declaration whose undeclared parts the first item fixed
+        (default: this feature); error messages name them as such.
+
+        Examples
+        --------
+        >>> import h5store as h5s
+        >>> stored = h5s.Array(dtype="int16", shape=(None, 3)).spec()
+        >>> h5s.Array().fixed_as(stored).shape
+        (None, 3)
+        """
+        decl = by_first_item if by_first_item is not None else self
+        marker = (decl.dtype is None, decl.shape is None)
+        if self.is_fixed and not any(marker):
+            return self
+        out = dataclasses.replace(self, dtype=self.dtype if self.dtype is not None else spec.dtype,
+                                  shape=self.shape if self.shape is not None else spec.shape)
+        object.__setattr__(out, "_by_first_item", marker)
+        return out
+
+    def conflict(self, spec: ColumnSpec) -> bool:
+        """Whether ``spec`` (how a feature is stored) differs from what this one declares.
+
+        Undeclared parts match anything; declared ones must be equal.
+
+        Examples
+        --------
+        >>> import h5store as h5s
+        >>> stored = h5s.Array(dtype="float64", shape=(None, 7)).spec()
+        >>> h5s.Array().conflict(stored), h5s.Array(shape=(None, 8)).conflict(stored)
+        (False, True)
+        """
+        if self.is_fixed:
+            mine = self.spec()
+            return (mine.dtype, mine.shape, mine.layout) != (spec.dtype, spec.shape, spec.layout)
+        if self.dtype is not None and np.dtype(self.dtype) != spec.np_dtype:
+            return True
+        if self.shape is not None and tuple(self.shape) != tuple(spec.shape):
+            return True
+        return self.layout is not None and self.layout != spec.layout
+
+    def describe_storage(self) -> str:
+        """How this feature is stored, for messages; undeclared parts read "any dtype", "any shape".
+
+        Examples
+        --------
+        >>> import h5store as h5s
+        >>> h5s.Array(dtype="float32", shape=(None, 80)).describe_storage(), h5s.Array().describe_storage()
+        ('float32 (None, 80) (ragged)', 'any dtype any shape')
+        """
+        if self.is_fixed:
+            s = self.spec()
+            return f"{s.dtype} {s.shape} ({s.layout})"
+        return f"{self.dtype or 'any dtype'} {self.shape if self.shape is not None else 'any shape'}"
 
     def params(self) -> dict[str, Any]:
         """All parameters, JSON-serialisable (stored in the file)."""
@@ -265,7 +394,10 @@ class Feature:
         checks the number of dimensions and fixed dims, and refuses NaN/inf when
         ``finite``. Raises :class:`~h5store.errors.SchemaError` saying what is wrong.
         """
+        if not self.is_fixed:
+            return self.fixed_by(value).encode(value)
         spec = self.spec()
+        dtype_by, shape_by = self.__dict__.get("_by_first_item", (False, False))
         if spec.layout == "blobs":
             if isinstance(value, (str, bytes, bytearray, memoryview, np.ndarray)) or not hasattr(value, "__iter__"):
                 raise SchemaError(f"expected a sequence of byte strings (one per blob), got {type(value).__name__}")
@@ -273,8 +405,16 @@ class Feature:
                 return [b if isinstance(b, bytes) else bytes(memoryview(b)) for b in value]
             except TypeError as e:
                 raise SchemaError(f"a blob must be bytes-like ({e})") from None
-        arr = _cast(np.asarray(value), spec.np_dtype)
+        try:
+            arr = _cast(np.asarray(value), spec.np_dtype)
+        except SchemaError as e:
+            if not dtype_by:
+                raise
+            raise SchemaError(str(e).replace(" without loss", " (the dtype fixed by the first item stored) without loss")) from None
         shape = spec.shape
+        if shape_by:
+            if arr.ndim != len(shape) or any(exp is not None and got != exp for got, exp in zip(arr.shape, shape)):
+                raise SchemaError(f"expected shape {_fmt_shape(shape)} (fixed by the first item stored), got {arr.shape}")
         if arr.ndim != len(shape):
             raise SchemaError(f"expected {len(shape)} dims {_fmt_shape(shape)}, got shape {arr.shape}")
         for d, (got, exp) in enumerate(zip(arr.shape, shape)):
@@ -339,6 +479,11 @@ def _plain_overrides(cls: type) -> None:
 _BASE_DEFAULTS = {f.name: (f.default if f.default is not dataclasses.MISSING else {}) for f in dataclasses.fields(Feature)}
 _BASE_DEFAULTS["shape"] = [None]
 register_feature(Feature)
+
+
+def _undeclared(feat: Feature) -> str:
+    parts = [p for p in ("dtype", "shape") if getattr(feat, p) is None]
+    return " and ".join(parts) + (" are" if len(parts) > 1 else " is")
 
 
 def _fmt_shape(shape: tuple[int | None, ...]) -> str:

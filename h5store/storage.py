@@ -44,6 +44,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from h5store.checksum import crc32
 from h5store.errors import CorruptRecordError, FormatError, ReadOnlyError, SchemaError
 from h5store.handle import FileHandle
 from h5store.layout import ReadPlan, gather, grow_capacity, plan_reads
@@ -172,7 +173,7 @@ def init_root(f: h5py.File, schema: dict[str, Any], version: str) -> None:
     text = json.dumps(schema, sort_keys=True)
     f.attrs[ATTR_SCHEMA] = text
     # Variable-length strings live in HDF5's global heap, which has no checksum of its own.
-    f.attrs[ATTR_SCHEMA_CRC] = np.uint32(zlib.crc32(text.encode("utf-8")))
+    f.attrs[ATTR_SCHEMA_CRC] = np.uint32(crc32(text.encode("utf-8")))
 
 
 def check_root(f: h5py.File, path: str) -> dict[str, Any]:
@@ -203,7 +204,7 @@ def check_root(f: h5py.File, path: str) -> dict[str, Any]:
     if not isinstance(schema, dict) or not isinstance(schema.get("groups"), dict):
         raise FormatError(f"{path}: malformed schema attribute (no 'groups')")
     crc = f.attrs.get(ATTR_SCHEMA_CRC)
-    if crc is not None and zlib.crc32(text.encode("utf-8", "surrogateescape")) != int(crc):
+    if crc is not None and crc32(text.encode("utf-8", "surrogateescape")) != int(crc):
         raise FormatError(f"{path}: the schema attribute fails its CRC-32 (damaged file)")
     return schema
 
@@ -793,12 +794,6 @@ def read_whole(ds: h5py.Dataset, path: str, where: str | None = None, rows: int 
 Reader = DirectReader | H5Reader | MemoryReader | ChunkReader
 
 
-def item_crc(layout: str, item: Any) -> int:
-    """The CRC-32 stored for one encoded item: of its C-order bytes (blobs: concatenated)."""
-    if layout == "blobs":
-        return zlib.crc32(b"".join(bytes(memoryview(b).cast("B")) for b in item))
-    return zlib.crc32(np.ascontiguousarray(item))
-
 
 # --------------------------------------------------------------------------- columns
 def _chunk_rows(spec: ColumnSpec) -> int:
@@ -905,6 +900,7 @@ class Column:
         if h is None:
             yield
             return
+        h.check_usable()  # after a write error: that error, not "unreadable" data
         with h.reading() as f:
             if h.generation != self._gen:
                 # The file was reopened after a commit: the same objects in the new open.
@@ -1110,7 +1106,7 @@ class Column:
         """Raise :class:`CorruptRecordError` unless each part matches its stored CRC-32."""
         expect = self.checksums[rows]
         for r, p, c in zip(rows.tolist(), parts, expect.tolist()):
-            if zlib.crc32(np.ascontiguousarray(p)) != c:
+            if crc32(np.ascontiguousarray(p)) != c:
                 raise CorruptRecordError(f"{self.where}: item at row {r} fails its checksum")
 
     # ---------------------------------------------------------------- writing
@@ -1162,7 +1158,7 @@ class Column:
             self.index[rows] = np.stack([fstops - counts, fstops], axis=1)
             if crcs is None:
                 for j, item in enumerate(blobs):
-                    crc[j] = zlib.crc32(b"".join(item))
+                    crc[j] = crc32(b"".join(item))
             self._pending_frames.append(frame_rows)
             added = int(sizes.sum())
         else:
@@ -1178,7 +1174,7 @@ class Column:
             self.index[rows] = np.stack([stops - lengths, stops], axis=1)
             if crcs is None:
                 for j, x in enumerate(items):
-                    crc[j] = zlib.crc32(np.ascontiguousarray(x))
+                    crc[j] = crc32(np.ascontiguousarray(x))
             added = int(stops[-1]) - self._size
         if crcs is not None:
             crc[:] = np.asarray(crcs, dtype=np.uint32)
@@ -1322,7 +1318,7 @@ class Column:
         if item.shape != old_shape:
             raise SchemaError(f"{self.where}: overwrite needs shape {old_shape}, got {item.shape}")
         self.data[a:b] = item if self.spec.layout == "ragged" else item[None]
-        self.checksums[row] = zlib.crc32(np.ascontiguousarray(item, dtype=self.spec.np_dtype))
+        self.checksums[row] = crc32(np.ascontiguousarray(item, dtype=self.spec.np_dtype))
         self._mark(row)
 
     def flush_pending(self) -> None:
@@ -1385,12 +1381,14 @@ class GroupStore:
     g : h5py.Group
         The HDF5 group (``/`` for the root group).
     specs : dict
-        Column name -> :class:`ColumnSpec`; missing columns are created when writable.
+        Column name -> :class:`ColumnSpec`; missing columns are created when writable. None
+        for a feature whose storage the first item will fix: it has no column yet (see
+        :meth:`add_column`).
     where : str
         ``"file.h5:/group"``, for messages.
     """
 
-    def __init__(self, g: h5py.Group, specs: dict[str, ColumnSpec], where: str, writable: bool, path: str,
+    def __init__(self, g: h5py.Group, specs: dict[str, ColumnSpec | None], where: str, writable: bool, path: str,
                  handle: FileHandle | None = None) -> None:
         self.g = g
         self.where = where
@@ -1403,8 +1401,11 @@ class GroupStore:
         self._ids = Column(_subgroup(g, IDS, f"{base}/ids"), _IDS_SPEC, f"{base}/ids", writable, path, handle)
         self._refs: Refs | None = None
         self.columns: dict[str, Column] = {}
+        self._path, self._handle = path, handle
         n = int(g[IDS]["index"].shape[0])
         for name, spec in specs.items():
+            if spec is None:
+                continue  # not fixed yet: no item stored, no column
             if name not in g:
                 if not writable:
                     raise FormatError(f"{where}: no column {name!r} in the file")
@@ -1474,6 +1475,28 @@ class GroupStore:
             if name in items and len(items[name]):
                 col.append(rows, items[name])
         return rows
+
+    def add_column(self, name: str, spec: ColumnSpec) -> Column:
+        """Create the column of a feature that its first item just fixed (writable stores only).
+
+        Its index covers every id of the group, pending ones included, all absent.
+
+        Examples
+        --------
+        >>> store.add_column("x", ColumnSpec(dtype="float64", shape=(None, 7), layout="ragged"))  # doctest: +SKIP
+        """
+        if not self.writable:
+            raise ReadOnlyError(f"{self.where}: file is open read-only (mode 'r'); reopen with mode 'a'")
+        if name in self.columns:
+            raise SchemaError(f"{self.where}: feature {name!r} has a column already")
+        base = self.where.rstrip("/")
+        if name in self.g:
+            raise FormatError(f"{base}/{name}: the schema lists no storage for it, yet the file holds an object "
+                              "of that name; check the file with `h5store verify`")
+        create_column(self.g, name, spec, int(self._ids._index_ds.shape[0]))
+        col = self.columns[name] = Column(self.g[name], spec, f"{base}/{name}", True, self._path, self._handle)
+        col.grow_items(len(self.refs))
+        return col
 
     def put(self, name: str, row: int, item: Any) -> None:
         """Store the item of feature ``name`` for an existing row (append if absent, else overwrite)."""

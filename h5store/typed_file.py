@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import time
 import weakref
@@ -32,6 +33,7 @@ from h5store.access import FeatureView, GroupView, IdsView
 from h5store.errors import FormatError, H5StoreError, NotFound, ReadOnlyError, SchemaError, WriteError
 from h5store.handle import FileHandle
 from h5store.schema import Feature, Schema
+from h5store.serving import api as _serving_api
 from h5store.storage import GroupStore, Tables, check_root, init_root
 
 __all__ = ["TypedFile", "open"]
@@ -77,6 +79,29 @@ def _check_names(cls: type) -> None:
                 problems.append(f"{where}: the feature name hides the group view's {name!r}")
     if problems:
         raise SchemaError("; ".join(problems) + " (rename the feature; reserved names are listed in docs/guide.md)")
+
+
+def _merge_undeclared(stored: Feature, declared: Feature, where: str, cls_name: str, writable: bool) -> Feature:
+    """The feature an open file uses when the stored or the declared one leaves dtype or shape
+    to the first item: declared parts must agree with the stored ones, undeclared ones fit any."""
+    if stored.is_fixed:
+        spec = stored.spec()
+        if declared.conflict(spec):
+            raise SchemaError(
+                f"{where}: stored as {spec.dtype} {spec.shape} ({spec.layout}), but {cls_name} declares "
+                f"{declared.describe_storage()}; open it with the class it was written with, or with "
+                "h5store.open(), which reads the schema stored in the file")
+        # What the first item fixed stays; the class's own type decodes (when it differs).
+        return (stored if type(stored) is type(declared) else declared).fixed_as(spec, by_first_item=declared)
+    for part in ("dtype", "shape"):
+        mine, theirs = getattr(declared, part), getattr(stored, part)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise SchemaError(f"{where}: stored with {part}={theirs!r} (no item yet), but {cls_name} declares "
+                              f"{part}={mine!r}; open it with the class it was written with, or with h5store.open()")
+    if not writable:
+        return stored  # no item, no column: an empty feature until a writer stores the first item
+    return dataclasses.replace(declared, dtype=declared.dtype if declared.dtype is not None else stored.dtype,
+                               shape=declared.shape if declared.shape is not None else stored.shape)
 
 
 class TypedFile:
@@ -225,6 +250,10 @@ class TypedFile:
             have = groups.setdefault(g, {})
             for name, feat in feats.items():
                 where = f"{path}:/{g + '/' if g else ''}{name}"
+                if name in have and not (have[name].is_fixed and feat.is_fixed):
+                    # An undeclared dtype or shape (h5s.Array()) on either side.
+                    have[name] = _merge_undeclared(have[name], feat, where, declared.name, writable)
+                    continue
                 if name in have:
                     a, b = have[name].spec(), feat.spec()
                     if (a.dtype, a.shape, a.layout) != (b.dtype, b.shape, b.layout):
@@ -262,11 +291,19 @@ class TypedFile:
         root = dict(self._schema.groups[""])
         for name, feat in features.items():
             old = root.get(name)
-            if old is not None and old.spec() != feat.spec():
+            if old is not None and old.is_fixed and not feat.is_fixed:
+                feat = feat.fixed_as(old.spec())  # the file's first item fixed it already
+            if old is not None and old.is_fixed and old.spec() != feat.spec():
                 raise SchemaError(f"{self.path}:/{name}: prepare() changed how the feature is stored")
             root[name] = feat
         self._schema = Schema(self._schema.name, {**self._schema.groups, "": root})
         self._groups.pop("", None)
+        init_root(self._handle.file, self._schema.to_dict(), _version())
+
+    def _fixed(self, group: str, features: Mapping[str, Feature]) -> None:
+        """Record in the file's schema what first items fixed (called by the group's view)."""
+        feats = {**self._schema.groups[group], **features}
+        self._schema = Schema(self._schema.name, {**self._schema.groups, group: feats})
         init_root(self._handle.file, self._schema.to_dict(), _version())
 
     # -- pickling: the recipe ------------------------------------------------
@@ -326,12 +363,13 @@ class TypedFile:
                     g = f[name] if name else f
                 except (KeyError, OSError) as e:  # h5py: "Unable to open object (incorrect metadata checksum ...)"
                     raise FormatError(f"{where}: group unreadable ({e})") from None
-                store = GroupStore(g, {n: ft.spec() for n, ft in feats.items()}, where, self.writable, self.path,
-                                   self._handle)
+                # A feature whose first item will fix its dtype or shape has no column yet (None).
+                store = GroupStore(g, {n: ft.spec() if ft.is_fixed else None for n, ft in feats.items()}, where,
+                                   self.writable, self.path, self._handle)
             tables = self._inherited.pop(name, None)
             if tables is not None:
                 store.adopt(tables)
-            view = self._groups[name] = GroupView(name, store, feats)
+            view = self._groups[name] = GroupView(name, store, feats, on_fix=self._fixed)
         return view
 
     def feature(self, name: str) -> FeatureView:
@@ -629,34 +667,12 @@ class TypedFile:
 
         return merge(cls, shards, path, **kwargs)
 
-    def serve(self, batch: Mapping[str, Any], **loader_kwargs: Any) -> Any:
-        """A PyTorch DataLoader over this file; see :func:`h5store.serving.serve`."""
-        from h5store.serving import serve
-
-        return serve(self, batch, **loader_kwargs)
-
-    def to_tf_dataset(self, batch: Mapping[str, Any], batch_size: int, **kwargs: Any) -> Any:
-        """A ``tf.data.Dataset`` of batches of this file; see :func:`h5store.serving.tf.to_tf_dataset`.
-
-        Examples
-        --------
-        >>> ds = f.to_tf_dataset(dict(x=h5s.Item("mel"), y=h5s.Label("label")), batch_size=32)  # doctest: +SKIP
-        """
-        from h5store.serving import to_tf_dataset
-
-        return to_tf_dataset(self, batch, batch_size, **kwargs)
-
-    def iter_batches(self, batch: Mapping[str, Any], batch_size: int, **kwargs: Any) -> Any:
-        """One epoch of batches as numpy arrays, read ahead by threads; see :func:`h5store.serving.iter_batches`.
-
-        Examples
-        --------
-        >>> for b in f.iter_batches(dict(x=h5s.Window("mel", 64)), batch_size=32, epoch=0):  # doctest: +SKIP
-        ...     step(b["x"])
-        """
-        from h5store.serving import iter_batches
-
-        return iter_batches(self, batch, batch_size, **kwargs)
+    # One spelling per framework, one signature and one set of defaults (DataLoader's):
+    # f.serve / f.iter_batches / f.to_tf_dataset(batch, batch_size=1, *, shuffle=False,
+    # drop_last=False, seed=0, verify=True, ...); see h5store.serving.api and docs/serving.md.
+    serve = _serving_api.serve
+    iter_batches = _serving_api.iter_batches
+    to_tf_dataset = _serving_api.to_tf_dataset
 
 
 def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = False, allow_external: bool = False,

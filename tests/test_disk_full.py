@@ -113,6 +113,12 @@ APPEND = """
         say(commit="ok")
     except Exception as e:
         say(commit=err(e))
+    if not fresh:
+        try:
+            f.x["c0"]
+            say(read="ok")
+        except Exception as e:
+            say(read=err(e))
     for n in (1, 2):
         try:
             f.close()
@@ -136,6 +142,8 @@ def test_append_until_disk_full_keeps_last_commit_releases_lock_and_exits_cleanl
     assert "were not written" in add["message"] and "close()" in add["message"]
     commit = said(lines, "commit")["commit"]
     assert commit != "ok" and commit["type"] == "WriteError", commit  # no commit happened: never silent
+    read = said(lines, "read")["read"]  # a read on the failed writer names the failure, not "damaged data"
+    assert read["type"] == "WriteError" and "an earlier write failed" in read["message"], read
     assert said(lines, "close1")["close1"] == "ok" and said(lines, "close2")["close2"] == "ok"
     assert said(lines, "left")["left"] == ["log.h5"]  # no journal, no .writer note
     assert said(lines, "reopened") == {"reopened": 10, "equal": True}

@@ -15,14 +15,49 @@ __all__ = ["Array", "Scalar", "Text"]
 class Array(Feature):
     """Any numeric array per item; the generic feature for logs and custom data.
 
+    Parameters
+    ----------
+    dtype : str or None
+        numpy dtype of the stored values. None (the default): the dtype of the first item
+        stored (numeric or bool; text goes to :class:`Text`).
+    shape : tuple or None
+        Per-item shape, ``None`` as first dim for a variable number of rows. None (the
+        default): ``(None, *first_item.shape[1:])``, ragged along the first axis with the
+        first item's trailing dims, or ``()`` (one scalar per item) when the first item is
+        a scalar.
+    **kwargs
+        The storage parameters of :class:`~h5store.Feature` (``compression``, ``pattern``...).
+
+    Notes
+    -----
+    What the first item fixes is written to the file's schema, so a later open, with the
+    class or with :func:`h5store.open`, sees the concrete dtype and shape. Later items must
+    fit it: the same trailing dims, and a dtype that converts without loss (int16 into an
+    int64 column, float32 into float64; not float into int), else
+    :class:`~h5store.errors.SchemaError` names both shapes. A declared dtype or shape stays
+    binding, as for every feature.
+
     Examples
     --------
-    >>> import h5store as h5s
-    >>> class Run(h5s.TypedFile):
-    ...     logs = h5s.Group(loss=h5s.Array(dtype="float32"))
+    >>> import h5store as h5s, numpy as np, tempfile, os
+    >>> class Logs(h5s.TypedFile):
+    ...     x = h5s.Array()
+    >>> path = os.path.join(tempfile.mkdtemp(), "logs.h5")
+    >>> with Logs(path, mode="w") as f:
+    ...     _ = f.add("a", dict(x=np.zeros((42, 7))))
+    ...     try:
+    ...         f.add("b", dict(x=np.zeros((42, 8))))
+    ...     except h5s.SchemaError as e:
+    ...         print(str(e).split(": ", 2)[2])
+    expected shape (T, 7) (fixed by the first item stored), got (42, 8)
+    >>> with h5s.open(path) as f:
+    ...     f.x["a"].shape, f.x["a"].dtype.name, f.file_schema.feature("", "x").shape
+    ((42, 7), 'float64', (None, 7))
     """
 
     type_name = "h5store.Array"
+    dtype: str | None = None  # type: ignore[assignment]
+    shape: tuple[int | None, ...] | None = None  # type: ignore[assignment]
 
 
 class Scalar(Feature):

@@ -79,10 +79,13 @@ class FileDataset:
                  seed: int = 0, mask: bool = False, in_memory: bool | Sequence[str] = False,
                  items: Sequence[int] | np.ndarray | None = None, verify: bool | str = True) -> None:
         if not isinstance(batch, Mapping) or not batch:
-            raise TypeError(f"batch must be a non-empty dict of key -> getter (h5s.Item, h5s.Window...), got {batch!r}")
+            raise SchemaError(f"batch must be a non-empty dict of key -> getter, e.g. dict(x=h5s.Item('mel'), "
+                              f"y=h5s.Label('label')), got {batch!r}")
         for key, g in batch.items():
             if not isinstance(g, Getter):
-                raise TypeError(f"batch[{key!r}] must be a getter (h5s.Item('mel'), h5s.Window(...)), got {g!r}")
+                name = g if isinstance(g, str) else "mel"
+                raise SchemaError(f"batch[{key!r}] must be a getter, e.g. h5s.Item({name!r}) (or h5s.Window, "
+                                  f"h5s.Frames, h5s.Label, h5s.Position, h5s.Id), got {g!r}")
         self.getters: dict[str, Getter] = dict(batch)
         self._check_keys()
         if not (isinstance(verify, bool) or verify == "skip"):

@@ -14,6 +14,7 @@ with ``np.searchsorted`` over the cumulative sizes.
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -21,20 +22,18 @@ from typing import Any
 
 import numpy as np
 
+from h5store.checksum import crc32
 from h5store.errors import CorruptRecordError, NotFound, SchemaError
 from h5store.layout import ReadPlan, plan_reads
 from h5store.schema import Feature
+from h5store.serving import api as _api
 from h5store.serving.shared import SharedArray
 from h5store.storage import ABSENT, ChunkReader, Column, ColumnSpec, DirectReader, H5Reader, MemoryReader, read_whole
 
-__all__ = ["FileSet", "MultiFile", "concat"]
+__all__ = ["FileSet", "MultiFile", "check_compatible", "concat"]
 
 _I64 = np.int64
 
-try:  # ISA-L's CRC-32: the same checksum as zlib's (IEEE polynomial), ~15x faster (PCLMUL)
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - isal is a dependency; a platform without its wheel still works
-    from zlib import crc32 as _crc32
 # Feature parameters that say how bytes are stored, not what they mean: files may differ.
 _STORAGE_PARAMS = frozenset({"compression", "compression_opts", "shuffle", "chunk_rows", "attrs", "pattern", "finite"})
 # Fixed-shape columns up to this size (labels, scores) are read whole once per process:
@@ -52,31 +51,33 @@ def reader_copy(f: Any) -> Any:
 class MultiFile:
     """Several files with the same schema, served as one (positions run across files).
 
-    Made by :func:`concat`. Usable wherever a TypedFile is served: ``.serve(...)``,
-    :class:`~h5store.serving.FileDataset`, and the getters' reads.
+    Made by :func:`concat`. Served with the same methods as a TypedFile: ``.serve(...)``,
+    ``.iter_batches(...)``, ``.to_tf_dataset(...)``; also by
+    :class:`~h5store.serving.FileDataset` and the getters' reads.
 
     Examples
     --------
-    >>> shards = h5s.concat([Speech("a.h5"), Speech("b.h5")])  # doctest: +SKIP
-    >>> loader = shards.serve(dict(x=h5s.Item("mel")), batch_size=16)  # doctest: +SKIP
+    >>> shards = h5s.concat(["a.h5", "b.h5"])  # doctest: +SKIP
+    >>> loader = shards.serve(dict(x=h5s.Item("mel"), id=h5s.Id()), batch_size=16)  # doctest: +SKIP
     """
 
     def __init__(self, files: Sequence[Any]) -> None:
+        if isinstance(files, (str, os.PathLike)) or callable(getattr(files, "group", None)):
+            raise TypeError(f"concat takes a list of files or paths, got {files!r}: h5s.concat([a, b])")
         flat: list[Any] = []
         for f in files:
             if isinstance(f, MultiFile):
                 flat.extend(f.files)
             elif isinstance(f, (str, os.PathLike)):
-                raise TypeError(
-                    f"concat takes open files, got the path {str(f)!r}: "
-                    "h5s.concat([h5s.open(p) for p in paths]) or [MyFile(p) for p in paths]"
-                )
+                flat.append(_open_path(f))
             elif not callable(getattr(f, "group", None)):
-                raise TypeError(f"concat takes h5store files (TypedFile), got {type(f).__name__}")
+                raise TypeError(f"concat takes paths or h5store files (TypedFile), got {type(f).__name__}: {f!r}")
             else:
                 flat.append(f)
         if not flat:
             raise ValueError("concat needs at least one file")
+        if len(flat) > 1:
+            check_compatible(flat)
         self.files = flat
 
     @property
@@ -90,27 +91,88 @@ class MultiFile:
     def __len__(self) -> int:
         return int(self.sizes().sum())
 
-    def serve(self, batch: Any, **kwargs: Any) -> Any:
-        """A PyTorch DataLoader over all the files; see :func:`h5store.serving.serve`."""
-        from h5store.serving import serve
-
-        return serve(self, batch, **kwargs)
+    # One spelling per framework, the same as TypedFile's (h5store.serving.api).
+    serve = _api.serve
+    iter_batches = _api.iter_batches
+    to_tf_dataset = _api.to_tf_dataset
 
     def __repr__(self) -> str:
         return f"<MultiFile of {len(self.files)} files: {self.paths[:3]}{' ...' if len(self.files) > 3 else ''}>"
 
 
-def concat(files: Sequence[Any]) -> MultiFile:
-    """Serve several files as one: positions run through the files in order.
+def _open_path(path: str | os.PathLike[str]) -> Any:
+    """``h5store.open(path)``: read-only, its schema from the file (checked by concat now)."""
+    # The façade sits above serving in the layers; importing any h5store module has
+    # imported it by the time this runs, so it is looked up rather than imported here.
+    return importlib.import_module("h5store.typed_file").open(path)
 
-    The files must agree on the features that are served (type, dtype, shape and
-    parameters; compression may differ): a :class:`~h5store.errors.SchemaError` names
-    the first that does not. Each file is opened once per worker process, lazily.
+
+def _shown(value: Any) -> Any:
+    return tuple(_shown(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def check_compatible(files: Sequence[Any]) -> None:
+    """Raise :class:`~h5store.errors.SchemaError` unless every file has the features of the first,
+    with the same type and parameters (dtype, shape, layout, learned ones such as a label's
+    classes); how they are stored (compression, chunks) may differ.
+
+    Examples
+    --------
+    >>> check_compatible([Speech("a.h5"), Speech("b.h5")])  # doctest: +SKIP
+    """
+    first = files[0]
+    ref = first.file_schema.groups
+    for f in files[1:]:
+        groups = f.file_schema.groups
+        for g in sorted(set(ref) | set(groups)):
+            mine, theirs = ref.get(g, {}), groups.get(g, {})
+            for name in sorted(set(mine) | set(theirs)):
+                if name not in theirs or name not in mine:
+                    lacks, has = (f, first) if name not in theirs else (first, f)
+                    raise SchemaError(
+                        f"concat: {lacks.path} lacks the feature {_ref(g, name)!r} that {has.path} has; "
+                        "concat files of one schema (or serve each file on its own)"
+                    )
+                a, b = mine[name], theirs[name]
+                diff = _difference(a, b)
+                if diff is not None:
+                    param, va, vb = diff
+                    raise SchemaError(
+                        f"concat: feature {_ref(g, name)!r}: {param} is {va!r} in {first.path} but {vb!r} in "
+                        f"{f.path}; concat files whose features agree (type, dtype, shape, parameters such as "
+                        "a label's classes; compression may differ)"
+                    )
+
+
+def _ref(group: str, name: str) -> str:
+    return f"{group}/{name}" if group else name
+
+
+def _difference(a: Feature, b: Feature) -> tuple[str, Any, Any] | None:
+    """The first parameter that differs between two features (storage parameters aside)."""
+    if a.type_name != b.type_name:
+        return "the type", a.type_name, b.type_name
+    pa, pb = a.params(), b.params()
+    for key in sorted((set(pa) | set(pb)) - _STORAGE_PARAMS):
+        if _shown(pa.get(key)) != _shown(pb.get(key)):
+            return key, _shown(pa.get(key)), _shown(pb.get(key))
+    return None
+
+
+def concat(files: Sequence[Any]) -> MultiFile:
+    """Serve several files (paths or open files) as one: positions run through the files in order.
+
+    The files are checked now: every file must have the features of the first with the same
+    type, dtype, shape and parameters (learned ones too, such as a label's classes;
+    compression may differ), or a :class:`~h5store.errors.SchemaError` names the file, the
+    feature and the difference. Paths are opened read-only (``h5store.open``). Each file is
+    then opened once per worker process, lazily. ``h5s.Id()`` over a concat gives
+    ``"path::id"``: ids alone may repeat across files.
 
     Examples
     --------
     >>> import h5store as h5s
-    >>> shards = h5s.concat([Speech(p) for p in sorted(glob("shards/*.h5"))])  # doctest: +SKIP
+    >>> shards = h5s.concat(sorted(glob("shards/*.h5")))  # doctest: +SKIP
     >>> loader = shards.serve(dict(x=h5s.Window("mel", 64)), batch_size=32, shuffle=True)  # doctest: +SKIP
     """
     return MultiFile(files)
@@ -139,6 +201,8 @@ class FileSet:
         files = source.files if isinstance(source, MultiFile) else [source]
         self.files = [reader_copy(f) for f in files]
         self.group = group
+        # Served through concat(): ids are named with their file ("path::id"), see Id.
+        self.concat = isinstance(source, MultiFile)
         # One snapshot: a file open read-only here is served as ITS snapshot (its len(),
         # ids and tables), whatever was committed since; other files as the commit their
         # copy opens now. Every table is cut to these sizes, in every process: copies that
@@ -207,7 +271,11 @@ class FileSet:
             for f in self.files:
                 feats = f.file_schema.groups.get(self.group, {})
                 if name not in feats:
-                    raise NotFound(f"{f.path}:/{self.group}: no feature {name!r} (features: {sorted(feats)})")
+                    raise NotFound(f"{f.path}:/{self.group}: no feature {name!r} (features: {sorted(feats)}); "
+                                   "name one of these in the getter")
+                if not feats[name].is_fixed:  # h5s.Array() before its first item
+                    raise SchemaError(f"{f.path}:/{self.group}: feature {name!r} holds no item yet (its dtype and "
+                                      "shape are fixed by the first item stored): nothing to serve")
                 found.append(feats[name])
             feat = found[0]
             key = _identity(feat)
@@ -328,6 +396,20 @@ class FileSet:
         k = int(np.searchsorted(self.starts, position, side="right")) - 1
         origin = self._origin[k] if self._origin_pid == os.getpid() else None
         return (origin if origin is not None else self.files[k]).group(self.group).ids[int(position - self.starts[k])]
+
+    def ids(self, items: np.ndarray, qualify: bool = False) -> list[str]:
+        """The ids at global positions, in order; ``qualify``: as ``"path::id"``."""
+        out: list[str] = [""] * len(items)
+        pid = os.getpid()
+        for k, sel in self._parts(items):
+            pos = np.arange(len(items)) if isinstance(sel, slice) else sel
+            origin = self._origin[k] if self._origin_pid == pid else None
+            view = (origin if origin is not None else self.files[k]).group(self.group).ids
+            base = int(self.starts[k])
+            prefix = f"{self.files[k].path}::" if qualify else ""
+            for j, p in zip(pos.tolist(), items[pos].tolist()):
+                out[j] = prefix + view[p - base]
+        return out
 
     def file_of(self, items: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, items, side="right") - 1
@@ -481,7 +563,7 @@ class FileSet:
         """Check whole items read into the rows ``out[j, :count[j]]`` (one C loop per item)."""
         expect = self.checksums(name)[items].tolist()
         for j, (n, c) in enumerate(zip(count.tolist(), expect)):
-            if _crc32(out[j, :n]) != c:
+            if crc32(out[j, :n]) != c:
                 self._check(name, int(items[j]), out[j, :n])
         self._done(name)[items] = True  # (a failed one raises, or is skipped: never served)
 
@@ -490,9 +572,9 @@ class FileSet:
         if isinstance(value, list):
             crc = 0
             for blob in value:
-                crc = _crc32(np.ascontiguousarray(blob), crc)
+                crc = crc32(np.ascontiguousarray(blob), crc)
         else:
-            crc = _crc32(np.ascontiguousarray(value))
+            crc = crc32(np.ascontiguousarray(value))
         if crc == int(self.checksums(name)[position]):
             self._done(name)[position] = True
             return True

@@ -35,7 +35,7 @@ from h5store.layout import count_windows
 if TYPE_CHECKING:
     from h5store.serving.files import FileSet
 
-__all__ = ["Frames", "Getter", "Item", "Label", "Padded", "Position", "Request", "Window", "mix64"]
+__all__ = ["Frames", "Getter", "Id", "Item", "Label", "Padded", "Position", "Request", "Window", "mix64"]
 
 _I64 = np.int64
 _U64 = np.uint64
@@ -518,3 +518,39 @@ class Position(Getter):
 
     def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
         return np.dtype(_I64), ()
+
+
+class Id(Getter):
+    """The id of each example's item: a list of str, in batch order.
+
+    Over a :func:`~h5store.concat` of files (and in :func:`~h5store.interleave`) an id alone
+    may name items of several files, so each is ``"path::id"`` (the file's path as opened):
+    ``path, _, id = value.rpartition("::")``. In a batch: a list of str (PyTorch and
+    ``iter_batches``, as text), a ``tf.string`` tensor (tf.data). The ids stay aligned with
+    the other values of the batch, also when ``verify="skip"`` leaves damaged items out.
+
+    Parameters
+    ----------
+    file : bool or None
+        Prefix each id with its file's path and ``"::"``: None (default) over a concat,
+        True always, False never (bare ids, ambiguous across files).
+
+    Examples
+    --------
+    >>> b = next(iter(f.serve(dict(x=h5s.Item("mel"), id=h5s.Id()), batch_size=2)))  # doctest: +SKIP
+    >>> b["id"]  # doctest: +SKIP
+    ['utt000', 'utt001']
+    """
+
+    def __init__(self, file: bool | None = None) -> None:
+        if file is not None and not isinstance(file, bool):
+            raise ValueError(f"Id: file must be True, False or None, got {file!r}")
+        self.file = file
+        self.features = ()
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        qualify = files.concat if self.file is None else self.file
+        return files.ids(request.items, qualify)
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        return np.dtype(object), ()

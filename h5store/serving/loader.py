@@ -308,18 +308,31 @@ def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return int(rank), int(world_size)
 
 
-def serve(file: Any, batch: Mapping[str, Getter], *, in_memory: bool | Sequence[str] = False,
-          distributed: bool = False, rank: int | None = None, world_size: int | None = None, seed: int = 0,
-          mask: bool = False, bucket: bool | int | None = None, params: Mapping[str, Any] | SharedParams | None = None,
-          items: Sequence[int] | np.ndarray | None = None, verify: bool | str = True, **loader_kwargs: Any) -> Loader:
+def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *, shuffle: bool = False,
+          drop_last: bool = False, seed: int = 0, verify: bool | str = True, num_workers: int = 0,
+          in_memory: bool | Sequence[str] = False, distributed: bool = False, rank: int | None = None,
+          world_size: int | None = None, mask: bool = False, bucket: bool | int | None = None,
+          params: Mapping[str, Any] | SharedParams | None = None, items: Sequence[int] | np.ndarray | None = None,
+          **loader_kwargs: Any) -> Loader:
     """A PyTorch DataLoader over an h5store file (or a :func:`~h5store.concat` of files).
+
+    The implementation of ``f.serve(...)`` (:func:`h5store.serving.api.serve`, which checks
+    the arguments first).
 
     Parameters
     ----------
     file : TypedFile or MultiFile
     batch : dict
         Key -> getter (``h5s.Item``, ``h5s.Window``, ``h5s.Frames``, ``h5s.Label``,
-        ``h5s.Position`` or your own :class:`~h5store.serving.Getter`).
+        ``h5s.Position``, ``h5s.Id`` or your own :class:`~h5store.serving.Getter`).
+    batch_size : int or None
+        Examples per batch (default 1, as ``DataLoader``); None: unbatched examples.
+    shuffle : bool
+        A new order each epoch from ``(seed, epoch)`` (default False, as ``DataLoader``).
+    drop_last : bool
+        Drop the last incomplete batch.
+    num_workers : int
+        DataLoader worker processes.
     in_memory : bool or list of str
         Load the served features (or the named ones) into shared memory once; workers
         map it, one copy in RAM (see :class:`~h5store.serving.FileDataset`).
@@ -349,8 +362,7 @@ def serve(file: Any, batch: Mapping[str, Getter], *, in_memory: bool | Sequence[
         lists it in ``loader.skipped``; False serves items unchecked (see
         :class:`~h5store.serving.FileDataset`).
     **loader_kwargs
-        Passed to :class:`torch.utils.data.DataLoader`: ``batch_size`` (default 1),
-        ``shuffle``, ``drop_last``, ``num_workers``, ``pin_memory``, ``persistent_workers``,
+        Passed to :class:`torch.utils.data.DataLoader`: ``pin_memory``, ``persistent_workers``,
         ``prefetch_factor``, ``multiprocessing_context``, ``generator``, ``worker_init_fn``,
         ``collate_fn`` (it receives the batch already collated, a dict of numpy arrays),
         ``sampler`` / ``batch_sampler`` (your own; then ``distributed`` and ``bucket`` are off).
@@ -378,7 +390,7 @@ def serve(file: Any, batch: Mapping[str, Getter], *, in_memory: bool | Sequence[
     ...     batch["x"].shape, batch["y"].dtype
     (torch.Size([32, 64, 80]), torch.int64)
     """
-    kw = dict(loader_kwargs)
+    kw = dict(loader_kwargs, num_workers=num_workers)
     if rank is not None or world_size is not None:
         distributed = True
     dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
@@ -387,10 +399,8 @@ def serve(file: Any, batch: Mapping[str, Getter], *, in_memory: bool | Sequence[
     if own and (distributed or bucket):
         raise ValueError("serve: distributed= and bucket= make their own batch sampler; do not pass sampler/batch_sampler")
     r, w = _rank_world(rank, world_size) if distributed else (0, 1)
-    if not own and kw.get("batch_size", 1) is not None:
-        batch_size = int(kw.pop("batch_size", 1))
-        shuffle = bool(kw.pop("shuffle", False))
-        drop_last = bool(kw.pop("drop_last", False))
+    if not own and batch_size is not None:
+        batch_size = int(batch_size)
         if bucket:
             size = None if bucket is True else int(bucket)
             kw["batch_sampler"] = BucketBatchSampler(dataset.lengths(), batch_size, bucket_size=size, shuffle=shuffle,
@@ -400,6 +410,8 @@ def serve(file: Any, batch: Mapping[str, Getter], *, in_memory: bool | Sequence[
                                                seed=seed, rank=r, world_size=w)
     elif distributed or bucket:
         raise ValueError("serve: distributed= and bucket= need a batch_size")
+    else:  # the user's sampler, or unbatched examples: DataLoader's own rules
+        kw.update(batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
     kw.setdefault("collate_fn", dataset.collate)
     if kw.get("num_workers", 0):
         # Slots: the batches a worker has queued, plus those the loop may still hold.

@@ -181,7 +181,7 @@ def close_dataset(dataset: FileDataset) -> None:
     dataset.close()
 
 
-def make_sampler(dataset: FileDataset, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+def make_sampler(dataset: FileDataset, batch_size: int, *, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, bucket: bool | int | None = None, rank: int = 0,
                  world_size: int = 1) -> _EpochBatches:
     """The batch sampler :func:`~h5store.serving.serve` would make with these options.
@@ -355,13 +355,17 @@ class BatchIterator:
         return f"<BatchIterator epoch {self.epoch}: {len(self._batches)} batches of {self.dataset!r}>"
 
 
-def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int, *, shuffle: bool = True,
-                 seed: int = 0, prefetch: int = 2, threads: int = 2, drop_last: bool = False, epoch: int = 0,
-                 params: Mapping[str, Any] | SharedParams | None = None, mask: bool = False,
-                 bucket: bool | int | None = None, items: Sequence[int] | np.ndarray | None = None,
-                 in_memory: bool | Sequence[str] = False, rank: int = 0, world_size: int = 1,
-                 verify: bool | str = True) -> BatchIterator:
+def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int = 1, *, shuffle: bool = False,
+                 drop_last: bool = False, seed: int = 0, verify: bool | str = True, threads: int = 2,
+                 epoch: int = 0, prefetch: int = 2, params: Mapping[str, Any] | SharedParams | None = None,
+                 mask: bool = False, bucket: bool | int | None = None,
+                 items: Sequence[int] | np.ndarray | None = None, in_memory: bool | Sequence[str] = False,
+                 rank: int = 0, world_size: int = 1) -> BatchIterator:
     """One epoch of batches as dicts of numpy arrays, read ahead by background threads.
+
+    The implementation of ``f.iter_batches(...)`` (:func:`h5store.serving.api.iter_batches`,
+    which checks the arguments first); called directly it also serves a
+    :class:`~h5store.serving.FileDataset` (``batch=None``).
 
     The batches are those of :func:`~h5store.serving.serve` with the same options (same
     keys, values and order for the same ``seed`` and ``epoch``): variable-length items
@@ -376,10 +380,11 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int,
         make it once and iterate an epoch per call.
     batch : dict or None
         Key -> getter (``h5s.Item``, ``h5s.Window``, ``h5s.Frames``, ``h5s.Label``,
-        ``h5s.Position`` or your own).
+        ``h5s.Position``, ``h5s.Id`` or your own).
     batch_size : int
+        Examples per batch (default 1, as PyTorch's ``DataLoader``).
     shuffle : bool
-        A new order each epoch, from ``(seed, epoch)``.
+        A new order each epoch, from ``(seed, epoch)`` (default False, as ``DataLoader``).
     seed : int
         Seed of the order and of random crops (a FileDataset has its own for the crops).
     prefetch : int

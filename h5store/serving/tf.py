@@ -234,14 +234,17 @@ def _finish(ds: tf.data.Dataset, prefetch: int | None) -> tf.data.Dataset:
 
 
 # --------------------------------------------------------------------------- one file (or a concat)
-def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int, *, shuffle: bool = True, seed: int = 0,
-                  num_parallel_calls: int | None = AUTOTUNE, ragged: bool = False, drop_last: bool = False,
-                  prefetch: int | None = AUTOTUNE, deterministic: bool | None = None, epoch: int = 0,
-                  params: Mapping[str, Any] | SharedParams | None = None, mask: bool = False,
-                  bucket: bool | int | None = None, items: Sequence[int] | np.ndarray | None = None,
-                  in_memory: bool | Sequence[str] = False, rank: int = 0, world_size: int = 1,
-                  verify: bool | str = True) -> tf.data.Dataset:
+def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, shuffle: bool = False,
+                  drop_last: bool = False, seed: int = 0, verify: bool | str = True, epoch: int = 0,
+                  num_parallel_calls: int | None = AUTOTUNE, ragged: bool = False, prefetch: int | None = AUTOTUNE,
+                  deterministic: bool | None = None, params: Mapping[str, Any] | SharedParams | None = None,
+                  mask: bool = False, bucket: bool | int | None = None,
+                  items: Sequence[int] | np.ndarray | None = None, in_memory: bool | Sequence[str] = False,
+                  rank: int = 0, world_size: int = 1) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of batches (dicts of tensors) of an h5store file or a concat of files.
+
+    The implementation of ``f.to_tf_dataset(...)`` (:func:`h5store.serving.api.to_tf_dataset`,
+    which checks the arguments first).
 
     Parameters
     ----------
@@ -249,11 +252,13 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int, *, sh
         What to serve (``h5s.concat([...])`` of several files too).
     batch : dict
         Key -> getter (``h5s.Item``, ``h5s.Window``, ``h5s.Frames``, ``h5s.Label``,
-        ``h5s.Position`` or your own :class:`~h5store.serving.Getter` with a ``signature()``).
+        ``h5s.Position``, ``h5s.Id`` (tf.string) or your own :class:`~h5store.serving.Getter`
+        with a ``signature()``).
     batch_size : int
+        Examples per batch (default 1, as PyTorch's ``DataLoader``).
     shuffle : bool
         A new order each epoch, from ``(seed, epoch)``: the order of
-        :func:`~h5store.serving.serve` with the same seed.
+        :func:`~h5store.serving.serve` with the same seed (default False, as ``DataLoader``).
     seed : int
         Seed of the order and of random crops.
     num_parallel_calls : int
@@ -417,7 +422,7 @@ class _Passes:
 
     def __init__(self, recipes: list[Any], batch: Mapping[str, Getter], layout: Layout, batch_size: int, *,
                  shuffle: bool, seed: int, drop_last: bool, bucket: bool | int | None, params: SharedParams,
-                 mask: bool, file_key: str | None, first_epoch: int) -> None:
+                 mask: bool, file_key: str | None, first_epoch: int, verify: bool | str = True) -> None:
         self.recipes = recipes
         self.batch = dict(batch)
         self.layout = layout
@@ -429,6 +434,7 @@ class _Passes:
         self.params = params
         self.mask = mask
         self.file_key = file_key
+        self.verify = verify
         self._epochs = _Epochs(first_epoch)
         self._lock = threading.Lock()
         self._open: dict[int, _Pass] = {}
@@ -446,7 +452,8 @@ class _Passes:
     def open(self, k: Any, epoch: Any) -> tuple[np.ndarray, np.ndarray]:
         """Start the pass over file ``k``: (token, number of batches)."""
         k, epoch = int(k), int(epoch)
-        dataset = FileDataset(self.recipes[k], self.batch, params=self.params, seed=self.seed, mask=self.mask)
+        dataset = FileDataset(MultiFile([self.recipes[k]]), self.batch, params=self.params, seed=self.seed,
+                              mask=self.mask, verify=self.verify)
         try:
             prepare_for_threads(dataset)
             sampler = make_sampler(dataset, self.batch_size, shuffle=self.shuffle, seed=_file_seed(self.seed, k),
@@ -488,10 +495,10 @@ class _Passes:
                     close_dataset(done.dataset)
 
 
-def interleave(files: Any, batch: Mapping[str, Getter], *, batch_size: int, cycle_length: int = 4,
-               block_length: int = 1, shuffle: bool = True, seed: int = 0, num_parallel_calls: int | None = AUTOTUNE,
-               deterministic: bool | None = True, drop_last: bool = False, ragged: bool = False,
-               prefetch: int | None = AUTOTUNE, epoch: int = 0, file_key: str | None = None,
+def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, shuffle: bool = False,
+               drop_last: bool = False, seed: int = 0, verify: bool | str = True, cycle_length: int = 4,
+               block_length: int = 1, num_parallel_calls: int | None = AUTOTUNE, deterministic: bool | None = True,
+               ragged: bool = False, prefetch: int | None = AUTOTUNE, epoch: int = 0, file_key: str | None = None,
                params: Mapping[str, Any] | SharedParams | None = None, mask: bool = False,
                bucket: bool | int | None = None) -> tf.data.Dataset:
     """Batches from many HDF5 files read concurrently: ``tf.data.Dataset.interleave`` over the files.
@@ -509,13 +516,16 @@ def interleave(files: Any, batch: Mapping[str, Getter], *, batch_size: int, cycl
         (``h5store.open``).
     batch : dict
         Key -> getter, as for :func:`to_tf_dataset`. ``h5s.Position()`` is the item's
-        position in its own file.
+        position in its own file; ``h5s.Id()`` is ``"path::id"``, as over a concat.
     batch_size : int
+        Examples per batch (default 1, as PyTorch's ``DataLoader``).
     cycle_length, block_length : int
         Files read at once; batches taken from one before moving to the next.
     shuffle : bool
         Shuffle the order of the files and the items within each file, from
-        ``(seed, epoch)`` (each file with its own stream).
+        ``(seed, epoch)`` (each file with its own stream; default False, as ``DataLoader``).
+    verify : {True, False, "skip"}
+        Check each served item against its stored CRC-32, as for :func:`to_tf_dataset`.
     seed : int
     num_parallel_calls : int
         Threads reading files at once (``tf.data.AUTOTUNE``; None: sequential).
@@ -547,7 +557,7 @@ def interleave(files: Any, batch: Mapping[str, Getter], *, batch_size: int, cycl
     static = _static_batch(batch_size, drop_last)
     layout = None
     for recipe in recipes:  # the signature, from the first file with an example (opened, then closed)
-        first = FileDataset(recipe, batch, params=shared, seed=seed, mask=mask)
+        first = FileDataset(MultiFile([recipe]), batch, params=shared, seed=seed, mask=mask, verify=verify)
         try:
             make_sampler(first, batch_size)  # validates batch_size
             if len(first):
@@ -559,7 +569,7 @@ def interleave(files: Any, batch: Mapping[str, Getter], *, batch_size: int, cycl
     if layout is None:
         raise ValueError(f"interleave: none of the {len(recipes)} files has an example to serve")
     passes = _Passes(recipes, batch, layout, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                     bucket=bucket, params=shared, mask=mask, file_key=file_key, first_epoch=epoch)
+                     bucket=bucket, params=shared, mask=mask, file_key=file_key, first_epoch=epoch, verify=verify)
 
     def files_of_epoch(dummy: tf.Tensor) -> tf.data.Dataset:
         order, es = tf.numpy_function(passes.plan, [dummy], [tf.int64, tf.int64], name="h5store_files")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import h5store as h5s
-from h5store.serving import BatchIterator, FileDataset
+from h5store.serving import BatchIterator, FileDataset, iter_batches
 from h5store.serving.numpy_iter import BufferPool, aligned_empty, prepare_for_threads
 from tests.serving.conftest import N, reference
 from tests.serving.schemas import Speech, SpeechLZF
@@ -46,18 +46,18 @@ def test_same_batches_as_serve(speech: Speech, threads: int) -> None:
     loader = speech.serve(SPEC, batch_size=6, shuffle=True, seed=7, num_workers=0)
     for epoch in (0, 1):
         want = [as_numpy(b) for b in loader]  # the loader's first iteration is epoch 0, then 1
-        got = list(speech.iter_batches(SPEC, 6, seed=7, epoch=epoch, threads=threads, prefetch=2))
+        got = list(speech.iter_batches(SPEC, 6, shuffle=True, seed=7, epoch=epoch, threads=threads, prefetch=2))
         assert len(got) == len(want) == 7
         for g, w in zip(got, want):
             assert_same(g, w)
     assert not ours()
 
 
-def test_module_level_function_concat_and_options(shard_paths: list[Path]) -> None:
+def test_concat_and_options(shard_paths: list[Path]) -> None:
     files = [Speech(p) for p in shard_paths]
     both = h5s.concat(files)
     mel = [m for f in files for m in reference(f, "mel")]
-    it = h5s.iter_batches(both, dict(x=h5s.Item("mel"), n=h5s.Position()), 4, shuffle=False, drop_last=True)
+    it = both.iter_batches(dict(x=h5s.Item("mel"), n=h5s.Position()), 4, drop_last=True)
     assert isinstance(it, BatchIterator) and len(it) == 23 // 4
     seen = []
     for b in it:
@@ -66,7 +66,7 @@ def test_module_level_function_concat_and_options(shard_paths: list[Path]) -> No
             seen.append(p)
             np.testing.assert_array_equal(b["x"][j, : b["x_lengths"][j]], mel[p])
     assert seen == list(range(20))  # in order, the last incomplete batch dropped
-    bucketed = list(h5s.iter_batches(both, dict(x=h5s.Item("mel"), n=h5s.Position()), 4, bucket=True, seed=1))
+    bucketed = list(both.iter_batches(dict(x=h5s.Item("mel"), n=h5s.Position()), 4, bucket=True, seed=1))
     assert sorted(p for b in bucketed for p in b["n"].tolist()) == list(range(23))
     for f in files:
         f.close()
@@ -74,13 +74,13 @@ def test_module_level_function_concat_and_options(shard_paths: list[Path]) -> No
 
 def test_a_dataset_served_epoch_after_epoch(speech: Speech) -> None:
     ds = FileDataset(speech, dict(w=h5s.Window("mel", "crop"), n=h5s.Position()), params=dict(crop=4))
-    first = [b["w"].shape[1] for b in h5s.iter_batches(ds, None, 8, epoch=0)]
+    first = [b["w"].shape[1] for b in iter_batches(ds, None, 8, epoch=0)]
     ds.params.crop = 6  # reaches the threads' next reads
-    second = list(h5s.iter_batches(ds, None, 8, epoch=1))
+    second = list(iter_batches(ds, None, 8, epoch=1))
     assert first == [4] * 5 and [b["w"].shape[1] for b in second] == [6] * 5
     assert sorted(p for b in second for p in b["n"].tolist()) == list(range(N))
     with pytest.raises(TypeError, match="batch=None"):
-        h5s.iter_batches(ds, dict(x=h5s.Item("mel")), 8)
+        iter_batches(ds, dict(x=h5s.Item("mel")), 8)
 
 
 def test_compressed_feature_through_threads(lzf_path: Path) -> None:
@@ -230,10 +230,10 @@ def test_gzip_features_are_inflated_by_the_threads(tmp_path: Path, speech: Speec
     spec = dict(x=h5s.Item("mel"), w=h5s.Window("mag", 4), n=h5s.Position())
     ds = FileDataset(f, spec)
     plain = FileDataset(speech, spec)
-    it = h5s.iter_batches(ds, None, 6, threads=3, seed=2)
+    it = iter_batches(ds, None, 6, threads=3, seed=2)
     assert all(type(ds.files.column(0, name).reader()) is GzipChunkReader for name in ("mel", "mag"))
     seen = 0
-    for b, want in zip(it, h5s.iter_batches(plain, None, 6, threads=0, seed=2)):
+    for b, want in zip(it, iter_batches(plain, None, 6, threads=0, seed=2)):
         for key in b:
             np.testing.assert_array_equal(b[key], want[key], err_msg=key)
         seen += len(b["n"])

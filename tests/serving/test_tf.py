@@ -51,17 +51,17 @@ def assert_same(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 def test_tf_numpy_and_torch_serve_the_same_batches(speech: Speech) -> None:
     loader = speech.serve(SPEC, batch_size=6, shuffle=True, seed=3, num_workers=0)
-    ds = speech.to_tf_dataset(SPEC, 6, seed=3, num_parallel_calls=2)
+    ds = speech.to_tf_dataset(SPEC, 6, shuffle=True, seed=3, num_parallel_calls=2)
     for epoch in (0, 1):  # each iteration is the next epoch, on both sides
         torch_batches = [as_numpy(b) for b in loader]
         tf_batches = [as_numpy(b) for b in ds]
-        numpy_batches = [as_numpy(b) for b in speech.iter_batches(SPEC, 6, seed=3, epoch=epoch)]
+        numpy_batches = [as_numpy(b) for b in speech.iter_batches(SPEC, 6, shuffle=True, seed=3, epoch=epoch)]
         assert len(tf_batches) == len(torch_batches) == len(numpy_batches) == 7
         for a, b, c in zip(tf_batches, torch_batches, numpy_batches):
             assert_same(a, b)
             assert_same(c, b)
         assert sorted(i for b in tf_batches for i in b["n"].tolist()) == list(range(N))
-    first = next(iter(speech.to_tf_dataset(SPEC, 6, seed=3, epoch=1)))
+    first = next(iter(speech.to_tf_dataset(SPEC, 6, shuffle=True, seed=3, epoch=1)))
     assert_same(as_numpy(first), tf_batches[0])  # epoch=1 starts at the second epoch
 
 
@@ -115,13 +115,13 @@ def test_concat_of_files(shard_paths: list[Path]) -> None:
     both = h5s.concat(files)
     want = [m for f in files for m in reference(f, "mel")]
     seen = []
-    for b in h5s.serving.to_tf_dataset(both, dict(x=h5s.Item("mel"), n=h5s.Position()), 5, num_parallel_calls=3):
+    for b in both.to_tf_dataset(dict(x=h5s.Item("mel"), n=h5s.Position()), 5, num_parallel_calls=3):
         for j, p in enumerate(b["n"].numpy().tolist()):
             seen.append(p)
             np.testing.assert_array_equal(b["x"][j, : int(b["x_lengths"][j])].numpy(), want[p])
     assert sorted(seen) == list(range(23))
     torch_first = as_numpy(next(iter(both.serve(dict(x=h5s.Item("mel")), batch_size=5, shuffle=True))))
-    assert_same(as_numpy(next(iter(h5s.serving.to_tf_dataset(both, dict(x=h5s.Item("mel")), 5)))), torch_first)
+    assert_same(as_numpy(next(iter(both.to_tf_dataset(dict(x=h5s.Item("mel")), 5, shuffle=True)))), torch_first)
     for f in files:
         f.close()
 
@@ -255,7 +255,8 @@ def test_interleave_every_item_once_each_file_opened_once_per_pass(eight_files: 
         f.close()  # what interleave keeps is each file's recipe, not its handle
     sizes = [4 + 2 * k for k in range(8)]
     spec = dict(x=h5s.Item("mel"), n=h5s.Position(), t=h5s.Item("text"))
-    ds = h5s.interleave(files, spec, batch_size=3, cycle_length=3, num_parallel_calls=3, file_key="file", seed=5)
+    ds = h5s.interleave(files, spec, batch_size=3, shuffle=True, cycle_length=3, num_parallel_calls=3, file_key="file",
+                        seed=5)
     assert ds.element_spec["file"] == tf.TensorSpec((None,), tf.int64)
     OPENS.clear()
     CLOSES.clear()
