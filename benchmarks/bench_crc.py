@@ -39,8 +39,8 @@ import numpy as np
 
 import h5store as h5s
 from benchmarks import _common as C
+from h5store.checksum import crc32 as _crc32
 from h5store.serving import FileDataset
-from h5store.serving.files import _crc32
 
 HEADING = "Serving with CRC-32 checks (issue 11)"
 
