@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmark scripts: schema classes, data, timing, reporting.
+"""Shared helpers of the benchmark scripts: schema classes, data, memory, reporting.
 
 Everything a worker process may have to unpickle lives here, in an importable module
 (``benchmarks._common``), so the benchmarks run under fork, spawn and forkserver alike:
@@ -6,18 +6,16 @@ the TypedFile schema classes and the synthetic data generators. torch is *not* i
 here: the ingest benchmark's joblib workers import this module, and a torch import
 would add seconds to every worker start.
 
-Measurement rules shared by all scripts (the machine is shared and noisy):
-
-* every figure is reported next to a baseline measured in the same run, as a ratio;
-* each measurement is repeated and the best run is kept (noise only ever slows a run);
-* files are read once before timing, so every pipeline reads from the page cache.
+The timing harness itself (runs, interleaved rounds, load averages, tables) is
+:mod:`h5store.benchmark`, which states the measurement rules; here, in addition, files are
+read once before timing, so every pipeline reads from the page cache.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import cProfile
-import datetime
 import glob
 import io
 import os
@@ -25,10 +23,10 @@ import platform
 import pstats
 import re
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +55,24 @@ def setup_paths() -> None:
 setup_paths()
 
 import h5store as h5s  # noqa: E402 - needs the repo root on sys.path when run as a script
+
+# The harness (runs, interleaved rounds, load averages, tables) is h5store's own, shared with
+# ``h5store bench``; re-exported here so that the scripts reach everything through ``C``.
+from h5store.benchmark import (  # noqa: E402,F401
+    LoadAverage,
+    Run,
+    Timing,
+    fmt_rate,
+    fmt_ratio,
+    load_note,
+    md_table,
+    repeat,
+    rounds,
+    step,
+    time_batches,
+    timed,
+    today,
+)
 
 
 # --------------------------------------------------------------------------- schemas
@@ -135,51 +151,6 @@ def warm_page_cache(paths: Iterable[str | os.PathLike[str]]) -> int:
 
 
 # --------------------------------------------------------------------------- timing
-@dataclass
-class Run:
-    """One timed run: how many items (and payload bytes) in how many seconds."""
-
-    items: int
-    seconds: float
-    payload: int = 0
-
-    @property
-    def rate(self) -> float:
-        return self.items / self.seconds if self.seconds > 0 else float("inf")
-
-
-@dataclass
-class Timing:
-    """Repeated runs of one pipeline; the best (fastest) run stands for it."""
-
-    name: str
-    runs: list[Run] = field(default_factory=list)
-
-    @property
-    def best(self) -> Run:
-        return max(self.runs, key=lambda r: r.rate)
-
-    @property
-    def rate(self) -> float:
-        """Items per second of the best run (NaN before any run)."""
-        return self.best.rate if self.runs else float("nan")
-
-    @property
-    def mb_per_s(self) -> float:
-        b = self.best
-        return b.payload / b.seconds / 1e6 if b.seconds > 0 else float("inf")
-
-
-def repeat(name: str, fn: Callable[[], tuple[int, int]], times: int) -> Timing:
-    """Call ``fn`` (returning ``(items, payload bytes)``) ``times`` times, timing each call."""
-    t = Timing(name)
-    for _ in range(times):
-        t0 = time.perf_counter()
-        items, payload = fn()
-        t.runs.append(Run(items, time.perf_counter() - t0, payload))
-    return t
-
-
 def memcpy_gbps(nbytes: int = 256 << 20, times: int = 5) -> float:
     """This machine's single-core memcpy bandwidth: best numpy copy of an ``nbytes`` array (GB/s)."""
     src = np.ones(nbytes // 8, np.float64)
@@ -317,33 +288,24 @@ def machine_info() -> str:
     )
 
 
-def load_note(load: tuple[float, float]) -> str:
-    """A sentence on how busy the machine was (other users share it), for the reader to judge noise."""
-    a, b = load
-    return (f"Load average (1 min) {a:.1f} at the start of the run and {b:.1f} at the end, on {os.cpu_count()} "
-            "cores shared with other users: absolute figures move with it, ratios measured in the same run much less.")
+def parser(doc: str, cache_help: str) -> argparse.ArgumentParser:
+    """The arguments every script takes: ``--quick``, ``--no-write``, ``--cache-dir``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes: a < 60 s smoke run")
+    ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
+    ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "h5store-bench-cache"), help=cache_help)
+    return ap
 
 
-def today() -> str:
-    return datetime.date.today().isoformat()
-
-
-def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub markdown table."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def fmt_rate(x: float) -> str:
-    """Items/s with sensible precision."""
-    if x != x:  # NaN: not measured
-        return "-"
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
-
-
-def fmt_ratio(x: float) -> str:
-    return "-" if x != x else f"{x:.2f}x"
+def publish(heading: str, text: str, write: bool, started: float | None = None) -> None:
+    """Print a script's report (and its total time, from ``started``); unless ``--no-write``,
+    make it the ``## heading`` section of RESULTS.md."""
+    print(text)
+    if started is not None:
+        print(f"total {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if write:
+        write_section(heading, text)
+        print(f"wrote {RESULTS}", file=sys.stderr)
 
 
 def write_section(heading: str, body: str, path: Path = RESULTS) -> None:
@@ -364,12 +326,3 @@ def write_section(heading: str, body: str, path: Path = RESULTS) -> None:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
         lines[start:end] = block
     path.write_text("\n".join(lines).rstrip("\n") + "\n")
-
-
-@contextlib.contextmanager
-def step(what: str) -> Iterator[None]:
-    """Print what is being measured and how long it took (to stderr, to keep stdout tables clean)."""
-    print(f"... {what}", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    yield
-    print(f"    {what}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

@@ -13,8 +13,6 @@ Run: .venv/bin/python benchmarks/bench_append.py [--quick] [--no-write]
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -29,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import h5store as h5s  # noqa: E402
-from h5store import journal  # noqa: E402
+from benchmarks import _common as C  # noqa: E402
+from h5store import fileobj, journal  # noqa: E402
 
 
 class Run(h5s.TypedFile):
@@ -50,13 +49,13 @@ def build(path: Path, mb: int) -> None:
 def commit_h5store(path: Path, rounds: int) -> tuple[list[float], list[int]]:
     times, journaled = [], []
     sizes: list[int] = []
-    orig = journal.JournaledFile._journal_pages
+    orig = fileobj.JournaledFile._journal_pages
 
     def counting(self, pages):  # count the bytes saved to the journal
         orig(self, pages)
         sizes.append(len(pages) * journal.PAGE)
 
-    journal.JournaledFile._journal_pages = counting  # type: ignore[method-assign]
+    fileobj.JournaledFile._journal_pages = counting  # type: ignore[method-assign]
     try:
         with Run(path, mode="a") as f:
             step = len(f.logs)
@@ -70,7 +69,7 @@ def commit_h5store(path: Path, rounds: int) -> tuple[list[float], list[int]]:
                 times.append(time.perf_counter() - t0)
                 journaled.append(sum(sizes))
     finally:
-        journal.JournaledFile._journal_pages = orig  # type: ignore[method-assign]
+        fileobj.JournaledFile._journal_pages = orig  # type: ignore[method-assign]
     return times, journaled
 
 
@@ -92,14 +91,13 @@ def commit_plain(path: Path, rounds: int) -> list[float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--no-write", action="store_true")
-    args = p.parse_args()
+    args = C.parser(__doc__, "where the files are built (a temporary folder inside it)").parse_args()
     sizes = [10, 50] if args.quick else [10, 100, 1000]
     rounds = 5 if args.quick else 20
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    load = C.LoadAverage()
+    os.makedirs(args.cache_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.cache_dir) as tmp:
         for mb in sizes:
             path = Path(tmp) / f"f{mb}.h5"
             build(path, mb)
@@ -109,12 +107,12 @@ def main() -> None:
             rows.append((mb, fsize, statistics.median(t_j), statistics.median(t_p), statistics.median(journaled)))
             print(f"{fsize / 2**20:8.0f} MB file: h5store commit of 50 records {statistics.median(t_j) * 1e3:7.2f} ms "
                   f"(journal {statistics.median(journaled) / 1024:.0f} KiB), plain h5py flush {statistics.median(t_p) * 1e3:6.2f} ms")
-    if args.no_write:
-        return
-    lines = [
-        "## Append commits (issue 6)",
-        "",
-        f"Command: `.venv/bin/python benchmarks/bench_append.py` ({datetime.date.today()}; 2 cores, ext4, "
+    load.stop()
+    table = C.md_table(["file size", "h5store commit", "bytes journaled", "plain h5py flush (unsafe)", "ratio"],
+                       [[f"{fsize / 2**20:.0f} MB", f"{tj * 1e3:.1f} ms", f"{jb / 1024:.0f} KiB", f"{tp * 1e3:.1f} ms",
+                         f"{tj / tp:.1f}x"] for _mb, fsize, tj, tp, jb in rows])
+    body = "\n".join([
+        f"Command: `.venv/bin/python benchmarks/bench_append.py` ({C.today()}; 2 cores, ext4, "
         f"h5py {h5py.version.version} / HDF5 {h5py.version.hdf5_version}).",
         "",
         "One commit = 50 log records added to a `logs` group, then `commit()` (journal of the overwritten "
@@ -123,24 +121,15 @@ def main() -> None:
         "50 appends through plain h5py and `flush()`, which is not crash-safe (no fsync, no journal). "
         f"Median of {rounds} commits.",
         "",
-        "| file size | h5store commit | bytes journaled | plain h5py flush (unsafe) | ratio |",
-        "|---|---|---|---|---|",
-    ]
-    for _mb, fsize, tj, tp, jb in rows:
-        lines.append(f"| {fsize / 2**20:.0f} MB | {tj * 1e3:.1f} ms | {jb / 1024:.0f} KiB | {tp * 1e3:.1f} ms | {tj / tp:.1f}x |")
-    lines += ["", "The commit cost does not grow with the file: only the pages HDF5 overwrites (metadata, the "
-              "last partial chunk) are journaled, and the fsyncs dominate. A shadow copy would copy the "
-              "whole file per commit.", ""]
-    results = ROOT / "benchmarks" / "RESULTS.md"
-    text = results.read_text() if results.exists() else "# Benchmark results\n"
-    head = "## Append commits (issue 6)"
-    if head in text:
-        start = text.index(head)
-        nxt = text.find("\n## ", start + len(head))
-        text = text[:start] + "\n".join(lines) + ("\n" + text[nxt + 1 :] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
-    results.write_text(text)
+        table,
+        "",
+        "The commit cost does not grow with the file: only the pages HDF5 overwrites (metadata, the "
+        "last partial chunk) are journaled, and the fsyncs dominate. A shadow copy would copy the "
+        "whole file per commit.",
+        "",
+        C.load_note(load.span),
+    ])
+    C.publish("Append commits (issue 6)", body, not args.no_write)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -70,21 +69,24 @@ def epoch(ds: FileDataset, batch_size: int, order: np.ndarray) -> tuple[int, int
 
 
 def measure(path: Path, getter: h5s.Getter, batch_size: int, rounds: int, fresh: bool) -> tuple[C.Timing, C.Timing]:
+    """One epoch of in-process fetches per run, verify off and on in interleaved rounds.
+
+    ``fresh``: a new dataset per run (made before the clock starts), whose items are all
+    checked anew; else one dataset per setting, kept across runs.
+    """
     f = Crc(path)
     kept = {v: FileDataset(f, dict(x=getter), verify=v) for v in (False, True)}
-    n = len(kept[False])
-    order = np.random.default_rng(1).permutation(n)
-    for ds in kept.values():
-        epoch(ds, batch_size, order)  # warm: descriptors open, tables read, items checked
-    timings = {v: C.Timing(f"verify={v}") for v in (False, True)}
-    for _ in range(rounds):
-        for v in (False, True):
-            ds = FileDataset(f, dict(x=getter), verify=v) if fresh else kept[v]
-            t0 = time.perf_counter()
-            items, payload = epoch(ds, batch_size, order)
-            timings[v].runs.append(C.Run(items, time.perf_counter() - t0, payload))
+    order = np.random.default_rng(1).permutation(len(kept[False]))
+
+    def run(v: bool) -> C.Run:
+        ds = FileDataset(f, dict(x=getter), verify=v) if fresh else kept[v]
+        return C.timed(lambda: epoch(ds, batch_size, order))
+
+    # The warm-up run opens descriptors, reads tables and checks the items of the kept datasets.
+    timings = C.rounds({f"verify={v}": (lambda v=v: run(v)) for v in (False, True)}, rounds, "fetch",
+                       keep_going=False)
     f.close()
-    return timings[False], timings[True]
+    return timings["verify=False"], timings["verify=True"]
 
 
 def measure_loader(path: Path, rounds: int) -> tuple[C.Timing, C.Timing]:
@@ -92,21 +94,17 @@ def measure_loader(path: Path, rounds: int) -> tuple[C.Timing, C.Timing]:
     f = Crc(path)
     loaders = {v: f.serve(dict(x=h5s.Item("mel")), batch_size=16, shuffle=True, num_workers=2,
                           persistent_workers=True, verify=v) for v in (False, True)}
-    timings = {v: C.Timing(f"verify={v}") for v in (False, True)}
-    for loader in loaders.values():
-        for _ in loader:  # warm: workers up, files open
-            pass
-    for _ in range(rounds):
-        for v, loader in loaders.items():
-            t0 = time.perf_counter()
-            items = payload = 0
-            for b in loader:
-                items += len(b["x"])
-                payload += b["x"].numel() * 4
-            timings[v].runs.append(C.Run(items, time.perf_counter() - t0, payload))
-    del loaders
+
+    def run(v: bool) -> C.Run:
+        return C.time_batches(lambda: loaders[v], min_seconds=0.0, whole_epochs=True,
+                              size=lambda b: (len(b["x"]), b["x"].numel() * 4))
+
+    # The warm-up run starts the workers and opens the files.
+    timings = C.rounds({f"verify={v}": (lambda v=v: run(v)) for v in (False, True)}, rounds, "serve()",
+                       keep_going=False)
+    loaders.clear()  # shuts the workers down
     f.close()
-    return timings[False], timings[True]
+    return timings["verify=False"], timings["verify=True"]
 
 
 def main() -> None:
@@ -119,7 +117,7 @@ def main() -> None:
     args = ap.parse_args()
     n = args.items or (60 if args.quick else 600)
     rounds = args.rounds or (2 if args.quick else 7)
-    load0 = os.getloadavg()[0]
+    load = C.LoadAverage()
     with tempfile.TemporaryDirectory(dir=args.cache_dir) as tmp:
         path = Path(tmp) / "crc.h5"
         with C.step(f"write {n} mel items"):
@@ -145,7 +143,7 @@ def main() -> None:
         crc = crc_gbps()
         served = crc_gbps(_crc32)
         mem = C.memcpy_gbps()
-    load1 = os.getloadavg()[0]
+    load.stop()
     table = C.md_table(["pipeline (in-process fetch unless said)", "verify=False items/s", "verify=True items/s",
                         "ratio", "cost"], rows)
     body = "\n".join([
@@ -159,7 +157,7 @@ def main() -> None:
         "CRC over the bytes read; a window's item is read whole once per process (first epoch), then only a "
         "bitmap lookup per batch.",
         "",
-        C.load_note((load0, load1)),
+        C.load_note(load.span),
         "",
         C.machine_info(),
     ])

@@ -359,11 +359,7 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes: a < 60 s smoke run")
-    ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
-    ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "h5store-bench-cache"),
-                    help="where the generated wav folders are kept between runs")
+    ap = C.parser(__doc__, "where the generated wav folders are kept between runs")
     ap.add_argument("--memory-child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else Config()
@@ -376,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     cmd = ".venv/bin/python benchmarks/bench_create.py" + (" --quick" if args.quick else "")
     t_start = time.perf_counter()
-    load_start = os.getloadavg()[0]
+    load = C.LoadAverage()
     res: dict[str, Any] = {}
     with C.step(f"wavs: {cfg.n_wavs} of {cfg.min_s:g}-{cfg.max_s:g} s"):
         folder = wav_folder(cache, cfg.n_wavs, cfg.min_s, cfg.max_s)
@@ -390,13 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = os.path.join(tmp, "profiled.h5")
                 res["profile"] = C.profile_top(lambda: h5store_create(folder, out, 2), 16)
     res["memory"] = memory(cfg, cache)
-    res["load"] = (load_start, os.getloadavg()[0])
-    text = render(res, cfg, cmd)
-    print(text)
-    print(f"total {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
-    if not args.no_write:
-        C.write_section("Ingest (issue 3)", text)
-        print(f"wrote {C.RESULTS}", file=sys.stderr)
+    res["load"] = load.stop()
+    C.publish("Ingest (issue 3)", render(res, cfg, cmd), not args.no_write, t_start)
     return 0
 
 

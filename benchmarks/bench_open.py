@@ -119,13 +119,8 @@ def open_in_fresh_processes(path: Path, n: int, runs: int, rng: np.random.Genera
 
 # --------------------------------------------------------------------------- (b) lookups
 def best_rate(fn: Callable[[], int], repeat: int) -> float:
-    best = float("inf")
-    count = 0
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        count = fn()
-        best = min(best, time.perf_counter() - t0)
-    return count / best
+    """Ids per second of the best of ``repeat`` calls of ``fn`` (which returns how many ids it looked up)."""
+    return C.repeat("lookups", lambda: (fn(), 0), repeat).rate
 
 
 def lookups(f: h5s.TypedFile, n: int, count: int, repeat: int, rng: np.random.Generator) -> dict[str, float]:
@@ -262,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.path or args.cache_dir / f"open-{n}.h5"
     rng = np.random.default_rng(args.seed)
 
-    load_start = os.getloadavg()[0]
+    load = C.LoadAverage()
     print(f"file: {path} ({n:,} ids)", flush=True)
     built, was_cached = build(path, n)
     size = path.stat().st_size
@@ -315,10 +310,10 @@ def main(argv: list[str] | None = None) -> int:
          "", ""],
     ]
     table = C.md_table(["measure", "value", "target", "met"], rows)
-    load = f"load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores"
+    note = C.load_note(load.stop())
     print()
     print(table)
-    print(f"\n{load}")
+    print(f"\n{note}")
 
     if not args.no_write:
         body = "\n".join([
@@ -331,8 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             "as the baseline measured in the same process (the machine is shared: compare the ratios). The forked "
             "readers' memory is measured in the child with psutil (USS = pages only that process holds) before and "
             "after, each after a `gc.collect()`; the child is forked from a fresh interpreter.",
-            f"This run: {load} (shared with other jobs: timings stretch with the load, and the dict baseline "
-            "shows by how much).",
+            f"{note} The dict baseline shows by how much timings stretched.",
             "",
             table,
             "",

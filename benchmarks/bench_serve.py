@@ -27,7 +27,6 @@ Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import gc
 import multiprocessing as mp
 import os
@@ -318,28 +317,16 @@ def timed_run(loader: Any, cfg: Config) -> C.Run:
     workers, ``iter()`` first drains the batches still in flight from a run that stopped
     mid-epoch. Payload counts real frames, not padding.
     """
-    it = iter(loader)
-    items = payload = batches = 0
-    fresh = True
-    t0 = time.perf_counter()
-    while True:
-        try:
-            batch = next(it)
-        except StopIteration:
-            if fresh:
-                raise RuntimeError(f"{loader!r} yields no batches") from None
-            it, fresh = iter(loader), True
-            continue
-        fresh = False
-        x = batch["x"]
-        items += x.shape[0]
-        lengths = batch.get("x_lengths")
-        frames = int(lengths.sum()) if lengths is not None else x.shape[0] * x.shape[1]
-        payload += frames * x[0, 0].numel() * x.element_size()
-        batches += 1
-        elapsed = time.perf_counter() - t0
-        if (batches >= cfg.min_batches and elapsed >= cfg.min_seconds) or elapsed >= cfg.max_seconds:
-            return C.Run(items, elapsed, payload)
+    return C.time_batches(lambda: loader, min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds,
+                          min_batches=cfg.min_batches, started=iter(loader), size=real_frames)
+
+
+def real_frames(batch: dict[str, Any]) -> tuple[int, int]:
+    """Items of a padded batch, and the bytes of their frames (padding left out)."""
+    x = batch["x"]
+    lengths = batch.get("x_lengths")
+    frames = int(lengths.sum()) if lengths is not None else x.shape[0] * x.shape[1]
+    return x.shape[0], frames * x[0, 0].numel() * x.element_size()
 
 
 def loader_for(ds: Dataset, batch_size: int, workers: int) -> DataLoader:
@@ -395,35 +382,30 @@ def pipelines(files: Files, f: h5s.TypedFile | None, getter: str, w: int,
 
 
 def interleaved(pipes: dict[str, Callable[[], Any]], cfg: Config, label: str) -> dict[str, C.Timing]:
-    """Start every loader, run one warm-up run each, then time them in interleaved rounds.
+    """Start every loader, run one warm-up run each, then time them in interleaved rounds
+    (:func:`h5store.benchmark.rounds`). A pipeline that fails is reported and left out.
 
-    Rounds (R, P, D, C, H..., then again) mean that a burst of load from other users of the
-    machine hits all pipelines alike, rather than all the repeats of one. A pipeline that
-    fails is reported and left out.
+    A loader with workers is given ``SETTLE_SECONDS`` after each run: its workers finish the
+    batches still in flight, not on the next pipeline's clock.
     """
     loaders: dict[str, Any] = {}
-    out: dict[str, C.Timing] = {}
+
+    def runner(name: str, make: Callable[[], Any]) -> Callable[[], C.Run]:
+        def run() -> C.Run:
+            if name not in loaders:
+                loaders[name] = make()
+            result = timed_run(loaders[name], cfg)
+            if getattr(loaders[name], "num_workers", 0):
+                time.sleep(SETTLE_SECONDS)
+            return result
+
+        return run
+
     try:
-        for name, make in pipes.items():
-            with C.step(f"{label} {name}: start + warm-up"):
-                try:
-                    loaders[name] = make()
-                    timed_run(loaders[name], cfg)
-                    out[name] = C.Timing(name)
-                except Exception as e:  # noqa: BLE001 - report a broken pipeline, measure the rest
-                    print(f"    FAILED: {type(e).__name__}: {e}", file=sys.stderr)
-                    loaders.pop(name, None)
-        with C.step(f"{label}: {cfg.repeat} timed rounds of {len(loaders)} pipelines"):
-            for _ in range(cfg.repeat):
-                for name, loader in loaders.items():
-                    out[name].runs.append(timed_run(loader, cfg))
-                    if getattr(loader, "num_workers", 0):
-                        # Its workers finish the batches still in flight: not on the next pipeline's clock.
-                        time.sleep(SETTLE_SECONDS)
+        return C.rounds({name: runner(name, make) for name, make in pipes.items()}, cfg.repeat, label)
     finally:
         for loader in loaders.values():
             shutdown(loader)
-    return out
 
 
 def throughput(files: Files, cfg: Config, have_serve: bool) -> dict[tuple[str, int, str], C.Timing]:
@@ -802,18 +784,14 @@ def have_serving() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes: a < 60 s smoke run")
-    ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
-    ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "h5store-bench-cache"),
-                    help="where the 100,000-item first-batch file is cached between runs")
+    ap = C.parser(__doc__, "where the 100,000-item first-batch file is cached between runs")
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else Config()
     cmd = ".venv/bin/python benchmarks/bench_serve.py" + (" --quick" if args.quick else "")
     have = have_serving()
     res: dict[str, Any] = {}
     t_start = time.perf_counter()
-    load_start = os.getloadavg()[0]
+    load = C.LoadAverage()
     with tempfile.TemporaryDirectory(prefix="h5store-bench-serve-") as tmp:
         with C.step(f"build {cfg.n_items:,} items in 4 formats"):
             files = build_files(tmp, cfg.n_items)
@@ -830,13 +808,8 @@ def main(argv: list[str] | None = None) -> int:
         if have:
             with C.step("profiles"):
                 res["profiles"] = profiles(files, cfg, res["throughput"])
-        res["load"] = (load_start, os.getloadavg()[0])
-    text = render(res, cfg, cmd)
-    print(text)
-    print(f"total {time.perf_counter() - t_start:.0f} s", file=sys.stderr)
-    if not args.no_write:
-        C.write_section("Serving (issue 4)", text)
-        print(f"wrote {C.RESULTS}", file=sys.stderr)
+        res["load"] = load.stop()
+    C.publish("Serving (issue 4)", render(res, cfg, cmd), not args.no_write, t_start)
     return 0
 
 

@@ -30,7 +30,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import zlib
@@ -69,42 +68,8 @@ QUICK = Config(n_items=200, big_batch=32, repeat=1, min_seconds=0.2, max_seconds
 
 
 # --------------------------------------------------------------------------- runs
-@dataclass
-class Run:
-    items: int
-    seconds: float
-    cpu: float  # process CPU seconds during the run
-    faults: int  # minor page faults during the run
-    batches: int
-
-    @property
-    def rate(self) -> float:
-        return self.items / self.seconds if self.seconds > 0 else float("inf")
-
-
-class Timing(C.Timing):
-    """:class:`benchmarks._common.Timing` of runs that also measured CPU time and page faults."""
-
-    runs: list[Run]  # type: ignore[assignment]
-
-    @property
-    def best(self) -> Run:  # type: ignore[override]
-        return max(self.runs, key=lambda r: r.rate)
-
-    @property
-    def cores(self) -> float:
-        b = self.best
-        return b.cpu / b.seconds if self.runs and b.seconds > 0 else NAN
-
-    @property
-    def cpu_us_per_item(self) -> float:
-        b = self.best
-        return 1e6 * b.cpu / b.items if self.runs and b.items else NAN
-
-    @property
-    def faults_per_batch(self) -> float:
-        b = self.best
-        return b.faults / b.batches if self.runs and b.batches else NAN
+Run = C.Run  # with the process's CPU seconds, minor page faults and batches (C.time_batches)
+Timing = C.Timing
 
 
 def timed(epochs: Callable[[], Iterable[Any]], min_seconds: float, max_seconds: float) -> Run:
@@ -114,28 +79,8 @@ def timed(epochs: Callable[[], Iterable[Any]], min_seconds: float, max_seconds: 
     ``max_seconds`` (the slow baseline). Epoch starts (threads, iterators, the first batch's
     latency) are part of the cost, as in training.
     """
-    r0 = resource.getrusage(resource.RUSAGE_SELF)
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    items = n = 0
-    done = False
-    while not done:
-        it = iter(epochs())
-        try:
-            for b in it:
-                items += int(b["x"].shape[0])
-                n += 1
-                if time.perf_counter() - t0 >= max_seconds:
-                    done = True
-                    break
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-        done = done or time.perf_counter() - t0 >= min_seconds
-    dt = time.perf_counter() - t0
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    return Run(items, dt, time.process_time() - c0, r1.ru_minflt - r0.ru_minflt, n)
+    return C.time_batches(epochs, min_seconds=min_seconds, max_seconds=max_seconds, whole_epochs=True,
+                          size=lambda b: (int(b["x"].shape[0]), 0))
 
 
 # --------------------------------------------------------------------------- baseline (child process)
@@ -231,16 +176,7 @@ def rounds(pipes: dict[str, Callable[[], Run]], cfg: Config, label: str) -> dict
     A short pause separates runs: tensorflow's thread pools spin for a while after their
     work ends, which would otherwise take the second core from the next run.
     """
-    out = {name: Timing(name) for name in pipes}
-    with C.step(f"{label}: warm-up"):
-        for run in pipes.values():
-            run()
-    with C.step(f"{label}: {cfg.repeat} rounds of {len(pipes)} pipelines"):
-        for _ in range(cfg.repeat):
-            for name, run in pipes.items():
-                time.sleep(cfg.pause)
-                out[name].runs.append(run())
-    return out
+    return C.rounds(pipes, cfg.repeat, label, pause=cfg.pause, keep_going=False)
 
 
 def tf_pipes(f: Any, feature: str, batch_size: int, cfg: Config, calls: dict[str, Any]) -> dict[str, Callable[[], Run]]:
@@ -306,7 +242,7 @@ def preadv_pipes(path: Path, n_items: int, batch_size: int, cfg: Config,
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         os.close(fd)
         n = sum(counts)
-        return Run(n * batch_size, dt, time.process_time() - c0, r1.ru_minflt - r0.ru_minflt, n)
+        return Run(n * batch_size, dt, cpu=time.process_time() - c0, faults=r1.ru_minflt - r0.ru_minflt, batches=n)
 
     return {f"preadv only, threads={k}": (lambda k=k: run(k)) for k in threads}
 
@@ -479,8 +415,9 @@ def report(cfg: Config, res: dict[str, Any]) -> str:
     same = res["same"]
     prof = res["profile"]
     lines = [
-        f"Measured {C.today()} on {C.machine_info()}; tensorflow {res['tf_version']}, "
-        f"load average at the start {res['load'][0]:.1f} / end {res['load'][1]:.1f} (2 cores, shared machine).",
+        f"Measured {C.today()} on {C.machine_info()}; tensorflow {res['tf_version']}.",
+        "",
+        C.load_note(res["load"]),
         "",
         f"Reproduce: `.venv/bin/python benchmarks/bench_tf.py`{' --quick' if cfg.quick else ''}",
         "",
@@ -592,17 +529,13 @@ def report(cfg: Config, res: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes: a < 60 s smoke run")
-    ap.add_argument("--no-write", action="store_true", help="do not update benchmarks/RESULTS.md")
-    ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "h5store-bench-cache"),
-                    help="where the benchmark's file is cached between runs")
+    ap = C.parser(__doc__, "where the benchmark's file is cached between runs")
     ap.add_argument("--child", nargs=4, metavar=("PATH", "BATCH", "MIN", "MAX"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child_main(args.child[0], int(args.child[1]), float(args.child[2]), float(args.child[3]))
     cfg = QUICK if args.quick else Config()
-    load0 = os.getloadavg()[0]
+    load = C.LoadAverage()
     path = build_file(Path(args.cache_dir), cfg.n_items)
     nbytes = C.warm_page_cache([path]) // 3
     with C.step("import tensorflow"):
@@ -633,13 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     with C.step("GIL probe"):
         res["gil"] = gil_probe(path, cfg.quick)
     res["patched"] = malloc_patch_cost(f, cfg, {"T calls=2", "N threads=2", "N threads=2 (no buffer pool)"})
-    res["load"] = (load0, os.getloadavg()[0])
-    text = report(cfg, res)
-    print(text)
+    res["load"] = load.stop()
+    C.publish("tf.data and numpy (issue 5)", report(cfg, res), not args.no_write)
     if not res["same"]["equal"]:
         print("FAILED: tf, numpy and torch batches differ", file=sys.stderr)
-    if not args.no_write:
-        C.write_section("tf.data and numpy (issue 5)", text)
     f.close()
     return 0 if res["same"]["equal"] else 1
 

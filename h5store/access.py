@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from h5store.column import Column
 from h5store.errors import NotFound, SchemaError
+from h5store.groups import GroupStore
 from h5store.refs import Refs
 from h5store.schema import Feature
-from h5store.storage import Column, GroupStore
 
 __all__ = ["FeatureView", "GroupView", "IdsView"]
 
@@ -424,7 +425,7 @@ class GroupView:
         ``packed`` (ingest) gives encoded items as concatenated rows instead: per feature
         ``(positions, lengths, crcs, fill)``, the items of the records at ``positions``, where
         ``fill(out)`` writes all their rows into ``out`` (see :meth:`Column.append_rows
-        <h5store.storage.Column.append_rows>`).
+        <h5store.column.Column.append_rows>`).
         Returns the new positions.
         """
         records = _records_form(self.store.where, records, columns)

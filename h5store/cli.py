@@ -220,24 +220,17 @@ def _bench_run(f: Any, getter: Any, items: Any, batch_size: int, workers: int, s
     """(items/s, MB/s of the batch arrays, seconds to the first batch) of one served configuration."""
     import time
 
+    from h5store.benchmark import time_batches
+
     t0 = time.perf_counter()
     loader = f.serve(dict(x=getter), batch_size=batch_size, shuffle=True, num_workers=workers,
                      persistent_workers=workers > 0, items=items)
     it = iter(loader)
     next(it)  # start-up (workers, open files, first read) is reported apart, not timed with the rate
     first = time.perf_counter() - t0
-    n = nbytes = 0
-    t0 = time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < seconds:
-        try:
-            batch = next(it)
-        except StopIteration:  # next epoch: persistent workers stay up
-            it = iter(loader)
-            continue
-        n += len(batch["x"])
-        nbytes += sum(int(v.nbytes) for v in batch.values() if hasattr(v, "nbytes"))
-    del it, loader  # shuts the workers down
-    return n / elapsed, nbytes / elapsed / 1e6, first
+    # Later epochs follow in the same run: persistent workers stay up.
+    run = time_batches(lambda: loader, min_seconds=seconds, started=it)
+    return run.rate, run.payload / run.seconds / 1e6, first  # returning drops the loader: its workers shut down
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -294,6 +287,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# The audio parameters of the presets (see :func:`preset`): flag, default, what it sets.
+_PRESET_FLAGS = (("--sr", 22050, "sample rate"), ("--n-fft", 1024, "FFT size"), ("--hop-length", 256, "hop length"),
+                 ("--n-mels", 80, "mel bands"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from h5store import __version__
 
@@ -314,10 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="replace an existing file (without --append or --overwrite, an existing file is refused)")
     c.add_argument("--on-error", choices=("skip", "raise"), default="skip")
     c.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    c.add_argument("--sr", type=int, default=22050, help="presets: sample rate")
-    c.add_argument("--n-fft", type=int, default=1024, help="presets: FFT size")
-    c.add_argument("--hop-length", type=int, default=256, help="presets: hop length")
-    c.add_argument("--n-mels", type=int, default=80, help="presets: mel bands")
+    for flag, default, what in _PRESET_FLAGS:
+        c.add_argument(flag, type=int, default=default, help=f"presets: {what}")
     c.set_defaults(run=_cmd_create)
 
     i = sub.add_parser("info", help="what a file holds")
@@ -351,9 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("id", help="the item's id (or its position)")
     pl.add_argument("--feature", "-f", default=None, help="feature name, or group/name (default: the first spectrogram)")
     pl.add_argument("--output", "-o", default=None, help="image file, format from its extension (default: <feature>.png)")
-    pl.add_argument("--width", type=float, default=10.0, help="inches")
-    pl.add_argument("--height", type=float, default=4.0, help="inches")
-    pl.add_argument("--dpi", type=float, default=100.0, help="pixels per inch")
+    for flag, default, unit in (("--width", 10.0, "inches"), ("--height", 4.0, "inches"),
+                                ("--dpi", 100.0, "pixels per inch")):
+        pl.add_argument(flag, type=float, default=default, help=unit)
     pl.set_defaults(run=_cmd_plot)
 
     b = sub.add_parser("bench", help="serving speed on this file: items/s and MB/s per getter and worker count")

@@ -12,9 +12,9 @@ h5py closing its descriptor never drops it), and a second writer fails fast with
 :class:`~h5store.errors.LockedError` naming the holder's pid.
 
 Readers and a writer at the same time: the writer changes committed bytes only inside a
-commit, under the journal's commit lock (:class:`~h5store.journal.CommitLock`), and
+commit, under the journal's commit lock (:class:`~h5store.commit_lock.CommitLock`), and
 publishes a commit counter in its ``<file>.writer`` note. A reader opens the file through
-its own :class:`~h5store.journal.ReadOnlyFile` (HDF5 would otherwise share one stale
+its own :class:`~h5store.fileobj.ReadOnlyFile` (HDF5 would otherwise share one stale
 metadata cache between opens of the path in a process) and reads HDF5 metadata only inside
 :meth:`FileHandle.reading`, which holds the shared commit lock and reopens the file when a
 commit happened since it was opened (``generation`` counts those reopens).
@@ -38,17 +38,11 @@ from typing import Any
 
 import h5py
 
+from h5store.commit_lock import CommitLock
 from h5store.errors import FormatError, JournalError, LockedError, WriteError
-from h5store.journal import (
-    CommitLock,
-    JournaledFile,
-    ReadOnlyFile,
-    check_links,
-    find_journal,
-    has_hot_journal,
-    journal_path,
-    rollback,
-)
+from h5store.fileobj import JournaledFile, ReadOnlyFile
+from h5store.journal import check_links, find_journal, has_hot_journal, journal_path, rollback
+from h5store.writer_note import commit_token_of, note_holder, note_path, write_note, writer_alive
 
 __all__ = ["FileHandle", "WRITE_MODES", "LOCK_TIMEOUT"]
 
@@ -280,7 +274,7 @@ class FileHandle:
         past them. Without a writer, the file's inode, size and mtime say whether it changed
         (a file moved to the path, as a finished create does, is another inode).
         """
-        return _token(self.path, os.stat(self.path))
+        return commit_token_of(self.path, os.stat(self.path))
 
     def _inode_token(self, fd: int) -> tuple[Any, ...]:
         # The same for the file this reader has open, wherever the path points now.
@@ -289,7 +283,7 @@ class FileHandle:
             same = os.stat(self.path).st_ino == st.st_ino
         except FileNotFoundError:
             same = False
-        return _token(self.path, st) if same else ("idle", st.st_ino, st.st_size, st.st_mtime_ns)
+        return commit_token_of(self.path, st) if same else ("idle", st.st_ino, st.st_size, st.st_mtime_ns)
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[h5py.File]:
@@ -326,7 +320,7 @@ class FileHandle:
         assert self._reader_file is not None
         lock = self._lock = CommitLock(self._reader_file.fileno(), self.path)
         lock.acquire_shared(self.lock_timeout)
-        if has_hot_journal(self.path) and not _writer_alive(self.path):
+        if has_hot_journal(self.path) and not writer_alive(self.path):
             lock.release_shared()  # the rollback needs the lock exclusively
             self._recover()
             lock.acquire_shared(self.lock_timeout)
@@ -357,11 +351,7 @@ class FileHandle:
         """The journal's commit point: publish the new commit counter for readers."""
         self._commits += 1
         try:
-            fd = os.open(_holder_path(self.path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, f"pid {os.getpid()}\nsession {self._session}\ncommit {self._commits}\n".encode())
-            finally:
-                os.close(fd)
+            write_note(self.path, self._session, self._commits)
         except OSError:
             pass  # readers then see an unchanged note; they still read a consistent commit
 
@@ -378,7 +368,7 @@ class FileHandle:
 
     def _recover(self) -> None:
         """A reader found a hot journal: roll it back if its writer is dead."""
-        if _writer_alive(self.path):
+        if writer_alive(self.path):
             return  # its transaction in progress: the committed bytes are intact
         try:
             fd = os.open(self.path, os.O_RDWR)
@@ -417,7 +407,7 @@ class FileHandle:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            holder = _read_holder(self.path)
+            holder = note_holder(self.path)
             raise LockedError(
                 f"{self.path}: already open for writing by {holder}; h5store allows one writer "
                 "(readers may open it with mode='r' at any time)"
@@ -426,7 +416,7 @@ class FileHandle:
         self._session = os.urandom(8).hex()
         self._commits = 0
         try:
-            Path(_holder_path(self.path)).write_text(f"pid {os.getpid()}\nsession {self._session}\ncommit 0\n")
+            write_note(self.path, self._session, 0)
         except OSError:
             pass  # the lock holds without the note; the message will be vaguer
         return not existed
@@ -435,7 +425,7 @@ class FileHandle:
         if self._lock_fd is None:
             return
         try:
-            os.unlink(_holder_path(self.path))
+            os.unlink(note_path(self.path))
         except OSError:
             pass
         os.close(self._lock_fd)
@@ -604,57 +594,6 @@ def _is_empty(path: str) -> bool:
         return os.path.getsize(path) == 0
     except OSError:
         return False  # absent: h5py reports it
-
-
-def _token(path: str, st: os.stat_result) -> tuple[Any, ...]:
-    try:
-        fd = os.open(_holder_path(path), os.O_RDONLY)
-    except FileNotFoundError:
-        return ("idle", st.st_ino, st.st_size, st.st_mtime_ns)
-    try:
-        return ("writer", st.st_ino, os.read(fd, 256))
-    finally:
-        os.close(fd)
-
-
-def _writer_alive(path: str) -> bool:
-    """Whether a writer holds the file (its exclusive flock)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # drops the probe's shared flock, if it got one
-
-
-def _holder_path(path: str) -> str:
-    """The writer's note (its pid and commit counter) belongs to the file, not to the name:
-    beside the real file (symlinks resolved) and, for a file with hard links in its folder,
-    beside the first of them by name, so a reader through any link sees every commit."""
-    real = os.path.realpath(path)
-    try:
-        st = os.stat(real)
-        if st.st_nlink > 1:
-            folder = os.path.dirname(real)
-            names = [e.name for e in os.scandir(folder) if e.inode() == st.st_ino and not e.is_symlink()]
-            if names:
-                real = os.path.join(folder, min(names))
-    except OSError:
-        pass
-    return real + ".writer"
-
-
-def _read_holder(path: str) -> str:
-    try:
-        lines = Path(_holder_path(path)).read_text().splitlines()  # "pid N", session, commit
-        return lines[0].strip() if lines and lines[0].strip() else "another process"
-    except OSError:
-        return "another process"
 
 
 def _reason(e: BaseException) -> str:

@@ -21,31 +21,27 @@
    parameters they were stored with); without a mode it is refused.
 
 A source whose load fails is not stored, the others are; failures come back in the
-:class:`IngestReport` and are stored in the file (``/_h5store/failures``, JSON).
+:class:`~h5store.ingest_report.IngestReport` and are stored in the file (``/_h5store/failures``, JSON).
 
 Because ingest is joblib, the same create runs on a Dask or Ray cluster through joblib's
 backends (``with joblib.parallel_config(backend="dask"): Speech.create(...)``).
+
+The parts: :mod:`h5store.sources` expands the sources, :mod:`h5store.ingest_workers` loads
+them, :mod:`h5store.ingest_report` reports (and stores) what failed; this module plans,
+writes and publishes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import errno
-import functools
-import glob
 import json
 import os
-import re
 import shutil
 import sys
-import tempfile
 import time
-import uuid
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -60,9 +56,13 @@ from h5store.errors import (
     TargetExistsError,
     WriteError,
 )
+from h5store.ingest_report import Failure, IngestReport, shown, store_failures, stored_failures
+from h5store.ingest_workers import chunk_work, run_parallel, spool_folder
 from h5store.journal import journal_path
+from h5store.pio import fsync_dir, fsync_file
 from h5store.refs import normalize_id
 from h5store.schema import Feature, Source
+from h5store.sources import expand_sources, source_id
 
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
@@ -70,445 +70,7 @@ if TYPE_CHECKING:
 __all__ = ["Failure", "IngestReport", "create", "expand_sources", "merge", "source_id",
            "stored_failures"]
 
-FAILURES_PATH = "_h5store/failures"
-_NUMBERS = re.compile(r"\d+(\.\d+)?")
 _COMMIT_SECONDS = 5.0
-
-
-def _shown(text: str) -> str:
-    """``text`` as is, or its repr when it holds a newline or another unprintable character."""
-    return text if text.isprintable() else repr(text)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One source that was not stored, and why.
-
-    ``error`` is the exception type a feature raised, or one of ``DuplicateIdError`` (more
-    than one source has this id: none of them is stored), ``InvalidIdError`` (the source's
-    name makes no valid id, e.g. it holds a newline), ``WorkerDied`` and ``SpoolError``.
-    """
-
-    id: str
-    feature: str
-    error: str
-    message: str
-    source: str
-
-    def __str__(self) -> str:
-        return f"{_shown(self.id)} [{self.feature}] {self.error}: {self.message}"
-
-
-@dataclass
-class IngestReport:
-    """What a create or append did.
-
-    Attributes
-    ----------
-    n_sources : int
-        Sources that at least one feature accepts.
-    n_stored : int
-        Ids stored by this run.
-    n_skipped : int
-        Sources already in the file (append or resume), not loaded again.
-    failures : list of Failure
-        Sources not stored: one entry per source and feature that failed, with the
-        exception type and message (a source fails whole when any of its features fails).
-    warnings : list of [category, message, count, example id]
-        Each distinct warning the features raised while loading (e.g. librosa's "n_fft is
-        too large"), once, with how many sources raised it and one of them.
-    wall_seconds, writer_seconds, load_seconds : float
-        Wall time of the run; time the parent spent writing; summed worker time.
-
-    Examples
-    --------
-    >>> r = IngestReport(n_sources=11, n_stored=7)
-    >>> r.failures.append(Failure("a", "mel", "ValueError", "too short", "/d/a.wav"))
-    >>> r.summary()
-    '7 stored, 0 already present, 1 of 11 sources failed in 0.0 s (writer 0.0 s)'
-    """
-
-    n_sources: int = 0
-    n_stored: int = 0
-    n_skipped: int = 0
-    failures: list[Failure] = field(default_factory=list)
-    warnings: list[list[Any]] = field(default_factory=list)
-    wall_seconds: float = 0.0
-    writer_seconds: float = 0.0
-    load_seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    @property
-    def n_failed(self) -> int:
-        """Sources that failed (a source with two failing features counts once)."""
-        return len({f.source for f in self.failures})
-
-    def summary(self) -> str:
-        warned = f", {len(self.warnings)} distinct warning(s)" if self.warnings else ""
-        return (
-            f"{self.n_stored} stored, {self.n_skipped} already present, {self.n_failed} of "
-            f"{self.n_sources} sources failed in {self.wall_seconds:.1f} s "
-            f"(writer {self.writer_seconds:.1f} s){warned}"
-        )
-
-    def lines(self) -> list[str]:
-        """The summary, then each failed source with its features' errors, then the warnings."""
-        out = [self.summary()]
-        by_source: dict[str, list[Failure]] = {}
-        for f in self.failures:
-            by_source.setdefault(f.source, []).append(f)
-        for source, fails in by_source.items():
-            out.append(f"  failed: {_shown(source)} (id {_shown(fails[0].id)})")
-            out.extend(f"    {f.feature}: {f.error}: {f.message}" for f in fails)
-        for category, message, count, example in self.warnings:
-            out.append(f"  warning ({count} source{'s' if count != 1 else ''}, e.g. {_shown(example)}): "
-                       f"{category}: {message}")
-        return out
-
-    def _warn(self, warning: tuple[str, str], id: str) -> None:
-        # "n_fft=1024 is too large for input signal of length=500" differs by its numbers
-        # from source to source: those count as one warning, shown by its first message.
-        key = (warning[0], _NUMBERS.sub("#", warning[1]))
-        for entry in self.warnings:
-            if (entry[0], _NUMBERS.sub("#", entry[1])) == key:
-                entry[2] += 1
-                return
-        self.warnings.append([warning[0], warning[1], 1, id])
-
-
-# ----------------------------------------------------------------------------- sources
-def source_id(path: str, root: str) -> str:
-    """The id of ``path``: relative to ``root``, without extension, ``/``-separated.
-
-    Examples
-    --------
-    >>> source_id("/data/wavs/LJ001-0001.wav", "/data")
-    'wavs/LJ001-0001'
-    """
-    rel = os.path.relpath(path, root) if root else os.path.basename(path)
-    stem, ext = os.path.splitext(rel)
-    if os.path.isdir(path) or not ext:
-        stem = rel
-    return stem.replace(os.sep, "/")
-
-
-def _is_glob(s: str) -> bool:
-    return any(c in s for c in "*?[")
-
-
-def _read_manifest(path: str) -> list[tuple[str, dict[str, str]]]:
-    """Rows of a CSV manifest: a ``path`` column (else the first) plus the other columns."""
-    with open(path, newline="", encoding="utf-8") as fh:
-        sample = fh.read(65536)
-        fh.seek(0)
-        try:
-            dialect: Any = csv.Sniffer().sniff(sample, delimiters=",|\t;")
-        except csv.Error:
-            dialect = csv.excel
-        reader = csv.reader(fh, dialect)
-        rows = [r for r in reader if r]
-    if not rows:
-        raise SourceError(f"{path}: empty manifest")
-    header = [h.strip() for h in rows[0]]
-    key = header.index("path") if "path" in header else 0
-    base = os.path.dirname(os.path.abspath(path))
-    out = []
-    for r in rows[1:]:
-        p = r[key] if key < len(r) else ""
-        full = p if os.path.isabs(p) else os.path.join(base, p)
-        out.append((full, {h: v for j, (h, v) in enumerate(zip(header, r)) if j != key}))
-    if out and not any(os.path.exists(p) for p, _ in out[:1000]):
-        # LJSpeech's metadata.csv given as the sources: its first column holds ids, not paths.
-        column = "its 'path' column" if "path" in header else "its first column (no 'path' header)"
-        raise SourceError(
-            f"{path}: read as a manifest, {column} should list files, but none of them exists "
-            f"(first: {out[0][0]}). A table of ids and texts (such as LJSpeech's metadata.csv) is not "
-            f"a list of sources: pass the audio folder as sources and read the table with "
-            f"h5s.CSVColumn({os.path.basename(path)!r}, column=...)"
-        )
-    return out
-
-
-def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source], str]:
-    """Expand ``sources`` into sorted :class:`Source` objects and their common root.
-
-    ``sources`` may be a folder (walked recursively; folders are sources too, for features
-    such as video frames), a glob pattern, a CSV manifest (``.csv`` given explicitly: a
-    ``path`` column, or the first column, plus other columns kept as ``Source.meta``), or a
-    list mixing these and plain paths.
-    """
-    items: list[tuple[str, dict[str, str]]] = []
-    dirs: set[str] = set()
-    roots: list[str] = []
-    entries = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    for s in entries:
-        s = os.fspath(s)
-        if not os.path.exists(s) and not _is_glob(s) and (len(entries) == 1 or not os.path.splitext(s)[1]):
-            # A missing folder (or the only source named) would otherwise just match nothing.
-            raise SourceError(f"no such file or folder: {s}")
-        if os.path.isdir(s):
-            top = os.path.abspath(s)
-            roots.append(top)
-            for dirpath, dirnames, filenames in os.walk(top):
-                dirnames.sort()
-                for name in dirnames:
-                    items.append((os.path.join(dirpath, name), {}))
-                    dirs.add(items[-1][0])
-                for name in sorted(filenames):
-                    items.append((os.path.join(dirpath, name), {}))
-        elif _is_glob(s):
-            found = sorted(glob.glob(s, recursive=True))
-            if not found and len(entries) == 1:
-                raise SourceError(f"no file or folder matches {s}")
-            for p in found:
-                items.append((os.path.abspath(p), {}))
-        elif s.lower().endswith(".csv") and os.path.isfile(s):
-            for p, meta in _read_manifest(s):
-                items.append((os.path.abspath(p), meta))
-        else:
-            items.append((os.path.abspath(s), {}))
-    if root is None:
-        if len(roots) == 1:
-            root = roots[0]
-        else:
-            parents = [os.path.dirname(p) for p, _ in items] or [os.getcwd()]
-            root = os.path.commonpath(parents)
-    root = os.path.abspath(root)
-    out = [Source(p, id=source_id(p, root), root=root, meta=m, is_dir=p in dirs or os.path.isdir(p)) for p, m in items]
-    out.sort(key=lambda s: (s.id, str(s)))
-    return out, root
-
-
-# ----------------------------------------------------------------------------- workers
-# Workers on this machine hand their arrays over through files in a private folder of
-# /dev/shm (RAM) instead of the result pipe. Through the pipe, the one writer pays ~1.4 ms of
-# CPU per MiB (loky reads the pickle 64 KiB at a time into a growing buffer, then unpickling
-# copies every array); from a spool file it reads the rows straight into its staging buffer,
-# one copy (~0.5 ms/MiB). On 2 cores, the writer's CPU is taken from the workers.
-_SPOOL_ROOT = "/dev/shm"
-_SPOOL_PREFIX = "h5store-ingest-"
-_SPOOL_STALE_SECONDS = 600.0
-
-
-@dataclass
-class _Spooled:
-    """A chunk's items of its row-stored features, written by a worker to one spool file.
-
-    ``columns`` maps a feature to ``(positions, lengths, crcs, offset)``: the positions of its
-    items among the chunk's good sources, their lengths in rows and CRC-32s, and the byte
-    offset of their rows, concatenated in that order, in the file.
-    """
-
-    path: str
-    columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]]
-    nbytes: int = 0
-
-    def check(self) -> str | None:
-        """Why the file cannot be read back whole (someone removed or cut it), or None."""
-        try:
-            size = os.stat(self.path).st_size
-        except OSError as e:
-            return f"the worker's result file {self.path} is gone ({e.strerror})"
-        return None if size == self.nbytes else f"the worker's result file {self.path} holds {size} of {self.nbytes} bytes"
-
-    @contextlib.contextmanager
-    def opened(self) -> Iterator[dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, Callable[[np.ndarray], None]]]]:
-        """Per feature ``(positions, lengths, crcs, fill)`` for ``GroupView.extend(packed=...)``;
-        the file is deleted afterwards."""
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            yield {name: (pos, lengths, crcs, functools.partial(_read_rows, fd, offset, self.path))
-                   for name, (pos, lengths, crcs, offset) in self.columns.items()}
-        finally:
-            os.close(fd)
-            os.unlink(self.path)
-
-
-def _read_rows(fd: int, offset: int, path: str, out: np.ndarray) -> None:
-    if not out.nbytes:
-        return  # (a memoryview of an empty array cannot be cast to bytes)
-    view = memoryview(out).cast("B")
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"{path}: spool file ends at {offset + done}, {len(view) - done} bytes short")
-        done += n
-
-
-def _spool(features: dict[str, Feature], out: list[tuple[Any, ...]], folder: str) -> _Spooled | None:
-    """Move the good sources' items of ragged and fixed features into a file in ``folder``.
-
-    A feature is spooled when all its items of the chunk are arrays of the column's dtype and
-    row shape (what the writer would store unconverted); its items leave the per-source dicts.
-    None when nothing qualifies or the file cannot be written (e.g. /dev/shm full): the items
-    then go through the result pipe as they are.
-    """
-    good = [(items, crcs) for _, items, crcs, *_ in out if items is not None]
-    # A feature still awaiting its first item (h5s.Array()) has no spec: the parent fixes it.
-    specs = {name: feat.spec() for name, feat in features.items() if feat.is_fixed}
-    plan: dict[str, list[int]] = {}
-    refused: set[str] = set()
-    for j, (items, _) in enumerate(good):
-        for name, x in items.items():
-            if name in refused or name not in specs:
-                continue
-            spec = specs[name]
-            shape = getattr(x, "shape", None)
-            fits = shape is not None and (
-                (spec.layout == "fixed" and shape == spec.inner)
-                or (spec.layout == "ragged" and len(shape) == len(spec.inner) + 1 and shape[1:] == spec.inner))
-            if not fits or x.dtype != spec.np_dtype:
-                refused.add(name)
-                plan.pop(name, None)
-            else:
-                plan.setdefault(name, []).append(j)
-    if not plan:
-        return None
-    path = os.path.join(folder, f"{uuid.uuid4().hex}.rows")
-    columns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]] = {}
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            offset = 0
-            for name, pos in plan.items():
-                arrays = [good[j][0][name] for j in pos]
-                fixed = specs[name].layout == "fixed"
-                lengths = np.fromiter((1 if fixed else len(x) for x in arrays), np.int64, len(arrays))
-                crcs = np.fromiter((good[j][1][name] for j in pos), np.uint32, len(pos))
-                columns[name] = (np.asarray(pos, np.int64), lengths, crcs, offset)
-                for x in arrays:
-                    if not x.nbytes:
-                        continue
-                    view = memoryview(np.ascontiguousarray(x)).cast("B")
-                    done = 0
-                    while done < len(view):
-                        done += os.pwrite(fd, view[done:], offset + done)
-                    offset += len(view)
-        finally:
-            os.close(fd)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-        return None
-    for name, pos in plan.items():
-        for j in pos:
-            del good[j][0][name]
-    return _Spooled(path, columns, offset)
-
-
-def _spool_folder(n_workers: int) -> str | None:
-    """A private folder in /dev/shm for the workers' results, when they run on this machine."""
-    if n_workers <= 1 or not os.path.isdir(_SPOOL_ROOT) or not os.access(_SPOOL_ROOT, os.W_OK):
-        return None
-    import joblib.parallel
-
-    backend, _ = joblib.parallel.get_active_backend()
-    # Dask, Ray or any other backend may run workers on other machines, or without this
-    # /dev/shm: their results keep going through joblib.
-    if type(backend).__name__ not in ("LokyBackend", "MultiprocessingBackend"):
-        return None
-    # Folders of creates that died without cleaning up (SIGKILL, OOM): their files hold RAM.
-    # A live create changes its folder with every chunk; the age guards against a pid that
-    # only looks dead (another pid namespace sharing this /dev/shm).
-    with contextlib.suppress(OSError):
-        for name in os.listdir(_SPOOL_ROOT):
-            pid = name[len(_SPOOL_PREFIX):].split("-", 1)[0]
-            if name.startswith(_SPOOL_PREFIX) and pid.isdigit() and not _alive(int(pid)):
-                folder = os.path.join(_SPOOL_ROOT, name)
-                if time.time() - os.stat(folder).st_mtime > _SPOOL_STALE_SECONDS:
-                    shutil.rmtree(folder, ignore_errors=True)
-    try:
-        return tempfile.mkdtemp(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-", dir=_SPOOL_ROOT)
-    except OSError:
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
-
-
-def _load_chunk(features: dict[str, Feature], chunk: list[tuple[Source, list[str]]],
-                spool: str | None = None) -> tuple[list[tuple[Any, ...]], _Spooled | None]:
-    """Worker side: load every accepting feature of every source of a chunk.
-
-    Returns, per source, ``(id, items or None, crcs, failures, seconds, warnings)``; never
-    raises for a bad source, so one bad file cannot abort the run. Warnings a feature raises
-    (librosa's "n_fft too large") are recorded as ``(category, message)`` and summarised once
-    by the parent, not printed by every worker. The items' CRC-32s are computed here,
-    in parallel, not by the one writer. With a ``spool`` folder, the items it can take move
-    to a file there (see :func:`_spool`), returned second.
-    """
-    out = []
-    for source, names in chunk:
-        t0 = time.perf_counter()
-        items: dict[str, Any] = {}
-        crcs: dict[str, int] = {}
-        failed: list[tuple[str, str, str]] = []
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for name in names:
-                feat = features[name]
-                try:
-                    items[name] = feat.encode(feat.load(source))
-                    crcs[name] = item_crc(feat.fixed_by(items[name]).spec().layout, items[name])
-                except Exception as e:  # noqa: BLE001 - every failure is reported, none aborts the run
-                    failed.append((name, type(e).__name__, str(e) or repr(e)))
-        said = sorted({(w.category.__name__, str(w.message)) for w in caught})
-        out.append((source.id, None if failed else items, crcs, failed, time.perf_counter() - t0, said))
-    return out, _spool(features, out, spool) if spool is not None else None
-
-
-def _chunks(work: list[tuple[Source, list[str]]], n_workers: int) -> list[list[tuple[Source, list[str]]]]:
-    # Enough chunks to balance the workers, few enough to amortise dispatch (and the
-    # features' pickling) over several sources.
-    size = int(np.clip(len(work) // max(n_workers * 16, 1), 1, 32))
-    return [work[i : i + size] for i in range(0, len(work), size)]
-
-
-def _run_parallel(features: dict[str, Feature], chunks: list[list[tuple[Source, list[str]]]],
-                  n_workers: int, spool: str | None = None) -> Iterator[tuple[list[tuple[Any, ...]], _Spooled | None]]:
-    """Yield each chunk's results in order; isolate sources whose load kills a worker."""
-    import joblib
-
-    done = 0
-    while done < len(chunks):
-        if n_workers == 1:
-            for chunk in chunks[done:]:
-                yield _load_chunk(features, chunk)
-                done += 1
-            return
-        try:
-            par = joblib.Parallel(n_jobs=n_workers, return_as="generator", pre_dispatch="2*n_jobs")
-            for result in par(joblib.delayed(_load_chunk)(features, c, spool) for c in chunks[done:]):
-                yield result
-                done += 1
-        except Exception as e:
-            if type(e).__name__ not in ("TerminatedWorkerError", "BrokenProcessPool"):
-                raise
-            # A worker died (segfault, os._exit): run the first unfinished chunk one source
-            # at a time in a fresh process each, to name the culprit and keep the others.
-            yield [_isolated(features, item) for item in chunks[done]], None
-            done += 1
-
-
-def _isolated(features: dict[str, Feature], item: tuple[Source, list[str]]) -> tuple[Any, ...]:
-    import joblib
-
-    source, names = item
-    try:
-        return joblib.Parallel(n_jobs=2)([joblib.delayed(_load_chunk)(features, [item])])[0][0][0]
-    except Exception as e:  # noqa: BLE001
-        return (source.id, None, {}, [(n, "WorkerDied", f"the worker process died loading this source ({type(e).__name__})") for n in names], 0.0, [])
 
 
 # ----------------------------------------------------------------------------- create
@@ -516,41 +78,6 @@ def _partial_path(path: str) -> str:
     d, name = os.path.split(os.path.abspath(path))
     return os.path.join(d, f".{name}.partial")
 
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _store_failures(tf: TypedFile, failures: Sequence[Failure]) -> None:
-    h5 = tf.h5
-    old: list[dict[str, str]] = []
-    if FAILURES_PATH in h5:
-        old = json.loads(h5[FAILURES_PATH][()].tobytes().decode("utf-8"))
-        del h5[FAILURES_PATH]
-    fresh = [asdict(f) for f in failures]
-    keep = {(f["id"], f["feature"]) for f in fresh}
-    merged = [f for f in old if (f["id"], f["feature"]) not in keep and f["id"] not in tf] + fresh
-    h5.create_dataset(FAILURES_PATH, data=np.frombuffer(json.dumps(merged).encode("utf-8"), np.uint8))
-
-
-def stored_failures(tf: TypedFile) -> list[Failure]:
-    """The failures recorded in a file by the creates and appends that built it."""
-    h5 = tf.h5
-    if FAILURES_PATH not in h5:
-        return []
-    return [Failure(**d) for d in json.loads(h5[FAILURES_PATH][()].tobytes().decode("utf-8"))]
 
 
 def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, n_workers: int | None = None,
@@ -672,13 +199,13 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         # Starting workers takes seconds (each imports numpy, librosa...): say so, rather
         # than show 0% with an ETA computed from the start-up time.
         bar.set_postfix_str(f"starting {n_workers} workers", refresh=True)
-    spool = _spool_folder(n_workers)
+    spool = spool_folder(n_workers)
     # Features declared without dtype or shape (h5s.Array()): the first item stored fixes them.
     undeclared = sorted(n for n, f in prepared.items() if not f.is_fixed)
     try:
         last_commit = time.perf_counter()
         started = False
-        for results, spooled in _run_parallel(prepared, _chunks(work, n_workers), n_workers, spool):
+        for results, spooled in run_parallel(prepared, chunk_work(work, n_workers), n_workers, spool):
             if not started:
                 started = True
                 bar.reset(total=len(work))  # items/s and the ETA count from the first results
@@ -716,15 +243,15 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
             if report.failures:
                 bar.set_postfix(failed=len(report.failures), refresh=False)
         t0 = time.perf_counter()
-        _store_failures(out, report.failures)
+        store_failures(out, report.failures)
         out.close()
         if on_error == "raise" and report.failures:
             # Every source was tried, so the error lists them all; the good ones stay committed
             # in the partial file, and resume=True after fixing the bad ones loads only those.
             raise _raise_error(path, report)
-        _fsync_file(partial)
+        fsync_file(partial)
         os.replace(partial, path)
-        _fsync_dir(path)
+        fsync_dir(path)
         report.writer_seconds += time.perf_counter() - t0
     except BaseException as e:
         out.close()  # the partial file stays: resume=True continues from it
@@ -802,7 +329,7 @@ def _disk_error(path: str, partial: str, e: BaseException, report: IngestReport)
 def _raise_error(path: str, report: IngestReport) -> SourceError:
     """on_error="raise": one error that lists every bad source (``.failures`` holds them)."""
     fails = report.failures
-    lines = "\n".join(f"  {_shown(f.source)} [{f.feature}] {f.error}: {f.message}" for f in fails)
+    lines = "\n".join(f"  {shown(f.source)} [{f.feature}] {f.error}: {f.message}" for f in fails)
     err = SourceError(
         f"{len(fails)} of {report.n_sources} sources failed; {path} was not written "
         f"(fix them and run again with resume=True to load only what is missing):\n{lines}"
@@ -907,9 +434,9 @@ def _plan(declared: dict[str, Feature], all_sources: list[Source], base: TypedFi
             # Storing any one of them would put that source's content under an id the others
             # name too: all are reported, none is stored, until all but one are renamed.
             for s, _ in group:
-                others = ", ".join(_shown(str(o)) for o, _ in group if o is not s)
+                others = ", ".join(shown(str(o)) for o, _ in group if o is not s)
                 report.failures.append(Failure(
-                    key, "*", "DuplicateIdError", f"{_shown(str(s))} has the same id as {others}: none of them "
+                    key, "*", "DuplicateIdError", f"{shown(str(s))} has the same id as {others}: none of them "
                     "is stored; rename or remove all but one", str(s)))
             continue
         seen[group[0][0].id] = group[0][0]
@@ -1000,7 +527,7 @@ def _copy_file(src: str, dst: str) -> None:
     tmp = dst + ".copying"
     try:
         shutil.copyfile(src, tmp)
-        _fsync_file(tmp)
+        fsync_file(tmp)
         os.replace(tmp, dst)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -1061,11 +588,11 @@ def merge(cls: type[TypedFile], shards: Sequence[str | os.PathLike[str]], path: 
                     bar.update(len(rows))
                 bar.close()
                 failures.extend(stored_failures(src))
-        _store_failures(out, failures)
+        store_failures(out, failures)
         out.close()
-        _fsync_file(partial)
+        fsync_file(partial)
         os.replace(partial, path)
-        _fsync_dir(path)
+        fsync_dir(path)
     except BaseException:
         out.close()
         if os.path.exists(partial):

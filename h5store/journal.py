@@ -2,7 +2,7 @@
 
 Measured here (RELIABILITY.md): an interrupted in-place append can make the records that were
 already in an HDF5 file unreadable, and ``flush()`` issues no fsync. h5store protects a committed
-file the way SQLite protects its pages. HDF5 runs on a :class:`JournaledFile` (h5py's
+file the way SQLite protects its pages. HDF5 runs on a :class:`~h5store.fileobj.JournaledFile` (h5py's
 ``driver="fileobj"``), which sees every write HDF5 makes:
 
 * Bytes past the committed size are written freely: a rollback truncates them away.
@@ -39,29 +39,27 @@ shared lock while it reads HDF5 metadata; the committing writer first takes PEND
 reader may start), then waits for the readers in progress to finish.
 """
 
+
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import fcntl
-import io
 import os
 import re
 import struct
 import time
 import zlib
-from collections.abc import Callable
-from typing import Any
 
-from h5store.errors import WriteError
+from h5store.commit_lock import CommitLock
+from h5store.pio import fsync_dir, write_all
 
 __all__ = [
-    "CommitLock",
-    "JournaledFile",
-    "ReadOnlyFile",
+    "PAGE",
     "RecoveryReport",
     "check_links",
+    "encode_batch",
+    "encode_header",
+    "file_identity",
     "find_journal",
     "has_hot_journal",
     "journal_path",
@@ -82,76 +80,6 @@ _MAGIC_V1 = b"H5SJRNL1"
 _HEADER_V1 = struct.Struct("<8sQI")  # magic, committed size, crc32 of the first two fields
 _RECORD_V1 = struct.Struct("<QII")  # offset, length, crc32 of the page bytes
 _FS_IOC_GETVERSION = 0x80087601  # the inode's generation: tells a reused inode number apart
-OVERLAY_BYTES = 64 << 20  # committed pages held in memory before a transaction spills
-
-# The commit lock's bytes: far past any real file size (locks beyond the end are allowed).
-_PENDING = 1 << 62
-_SHARED = _PENDING + 1
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock: l_type, l_whence, l_start, l_len, l_pid
-
-
-class CommitLock:
-    """The commit lock of one open file description (``fd``), shared or exclusive.
-
-    Readers hold it shared while they read HDF5 metadata; a writer holds it exclusive while
-    it changes committed bytes. Open-file-description locks belong to the descriptor, not
-    the process, so a reader and a writer in one process exclude each other too.
-    """
-
-    def __init__(self, fd: int, path: str) -> None:
-        self.fd = fd
-        self.path = path
-
-    def _set(self, kind: int, start: int, wait: bool) -> bool:
-        cmd = fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK
-        try:
-            fcntl.fcntl(self.fd, cmd, _FLOCK.pack(kind, os.SEEK_SET, start, 1, 0))
-        except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                return False
-            raise
-        return True
-
-    def acquire_shared(self, timeout: float) -> None:
-        """Wait (at most ``timeout`` s) until no commit is in progress, then hold the lock shared."""
-        deadline = time.monotonic() + timeout
-        delay = 0.0005
-        while True:
-            if self._set(fcntl.F_RDLCK, _PENDING, wait=False):
-                got = self._set(fcntl.F_RDLCK, _SHARED, wait=False)
-                self._set(fcntl.F_UNLCK, _PENDING, wait=False)
-                if got:
-                    return
-            if time.monotonic() > deadline:
-                from h5store.errors import LockedError
-
-                raise LockedError(f"{self.path}: a commit has held the file for more than {timeout:g} s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
-
-    def writer_waiting(self) -> bool:
-        """Whether a writer waits to commit (it holds PENDING): readers should let it in."""
-        if self._set(fcntl.F_RDLCK, _PENDING, wait=False):
-            self._set(fcntl.F_UNLCK, _PENDING, wait=False)
-            return False
-        return True
-
-    def join_shared(self) -> None:
-        """Take the shared lock while another descriptor of this process already holds it."""
-        if not self._set(fcntl.F_RDLCK, _SHARED, wait=False):
-            raise RuntimeError(f"{self.path}: commit lock lost while held")  # pragma: no cover
-
-    def release_shared(self) -> None:
-        self._set(fcntl.F_UNLCK, _SHARED, wait=False)
-
-    def acquire_exclusive(self) -> None:
-        """Stop new readers, then wait for the readers in progress (their reads are short)."""
-        self._set(fcntl.F_WRLCK, _PENDING, wait=True)
-        self._set(fcntl.F_WRLCK, _SHARED, wait=True)
-
-    def release_exclusive(self) -> None:
-        self._set(fcntl.F_UNLCK, _SHARED, wait=False)
-        self._set(fcntl.F_UNLCK, _PENDING, wait=False)
 
 
 def journal_path(path: str | os.PathLike[str]) -> str:
@@ -165,7 +93,7 @@ def journal_path(path: str | os.PathLike[str]) -> str:
     return os.path.realpath(path) + "-journal"
 
 
-def _identity(fd: int) -> tuple[int, int, int]:
+def file_identity(fd: int) -> tuple[int, int, int]:
     """(st_dev, st_ino, inode generation or 0 where the filesystem has none) of an open file."""
     st = os.fstat(fd)
     buf = bytearray(8)
@@ -458,9 +386,7 @@ def _apply(fd: int, path: str, j: _Parsed) -> None:
     lock.acquire_exclusive()  # readers must not read the pages being restored
     try:
         for offset, data in j.records:
-            done = 0
-            while done < len(data):  # a short write (a full disk) must not pass for a whole one
-                done += os.pwrite(fd, data[done:], offset + done)
+            write_all(fd, data, offset)  # a short write (a full disk) must not pass for a whole one
         if j.committed is not None:
             os.ftruncate(fd, j.committed)
         os.fsync(fd)
@@ -468,24 +394,30 @@ def _apply(fd: int, path: str, j: _Parsed) -> None:
         lock.release_exclusive()
 
 
+
+
 def _remove(jpath: str) -> None:
     os.unlink(jpath)
-    _fsync_dir(jpath)
+    fsync_dir(jpath)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def encode_header(committed: int, identity: tuple[int, int, int]) -> bytes:
+    """A format-2 journal header: the file's committed size and identity, with its CRC-32."""
+    head = struct.pack("<8sQQQQ", _MAGIC, committed, *identity)
+    return head + struct.pack("<I", zlib.crc32(head))
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    # A nearly full disk takes part of a write without an error; the next call raises ENOSPC.
-    view = memoryview(data)
-    while len(view):
-        view = view[os.write(fd, view):]
+def encode_batch(number: int, pages: list[tuple[int, bytes]]) -> bytes:
+    """Batch ``number`` of a format-2 journal: the saved bytes of ``pages`` ((file offset,
+    bytes) each), every record and the batch header with their CRC-32s."""
+    records = []
+    for offset, data in pages:
+        head = struct.pack("<QII", offset, len(data), zlib.crc32(data))
+        records.append(head + struct.pack("<I", zlib.crc32(head)))
+        records.append(data)
+    body = b"".join(records)
+    bhead = struct.pack("<4sIIQ", _BATCH_MAGIC, number, len(pages), len(body))
+    return bhead + struct.pack("<I", zlib.crc32(bhead)) + body
 
 
 def rollback(path: str) -> bool:
@@ -522,7 +454,7 @@ def rollback(path: str) -> bool:
     fd = os.open(path, os.O_RDWR)
     try:
         problems = list(parsed.problems)
-        if not problems and parsed.identity is not None and not _same_file(parsed.identity, ident := _identity(fd)):
+        if not problems and parsed.identity is not None and not _same_file(parsed.identity, ident := file_identity(fd)):
             problems.append(_foreign(path, jpath, parsed.identity, ident))
         if problems:
             raise _refusal(path, jpath, problems)
@@ -585,7 +517,7 @@ def recover(path: str, apply: bool = False) -> RecoveryReport:
 
 def _recover(fd: int, path: str, jpath: str, raw: bytes, apply: bool) -> RecoveryReport:
     j = _parse(raw)
-    ident = _identity(fd)
+    ident = file_identity(fd)
     size = os.fstat(fd).st_size
     lines = [f"{path}: rollback journal {jpath} ({len(raw)} bytes, journal format {j.version or '?'})"]
     foreign = j.identity is not None and not _same_file(j.identity, ident)
@@ -628,7 +560,7 @@ def _recover(fd: int, path: str, jpath: str, raw: bytes, apply: bool) -> Recover
         _remove(jpath)
     else:
         os.rename(jpath, f"{jpath}.{kind}-{stamp}")
-        _fsync_dir(jpath)
+        fsync_dir(jpath)
     done = plan
     for now, past in (("restore ", "restored "), ("truncate ", "truncated "), ("keep the", "kept the"),
                       ("delete the", "deleted the"), ("change nothing", "changed nothing")):
@@ -636,351 +568,3 @@ def _recover(fd: int, path: str, jpath: str, raw: bytes, apply: bool) -> Recover
     lines.append(f"  done: {done}")
     return RecoveryReport(path, jpath, lines, ok=ok, changed=True)
 
-
-class _PositionedFile(io.RawIOBase):
-    """A file for h5py's ``fileobj`` driver on a descriptor of its own: positioned I/O only
-    (``pread``/``pwrite`` at a position kept here), so a descriptor offset shared across a
-    fork never moves, and the object names the file (h5py reports its repr as the name)."""
-
-    def __init__(self, path: str, fd: int) -> None:
-        super().__init__()
-        self.path = path
-        self._fd = fd
-        self._pid = os.getpid()
-        self._pos = 0
-
-    def __repr__(self) -> str:
-        return self.path
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            self._pos = offset
-        elif whence == io.SEEK_CUR:
-            self._pos += offset
-        else:
-            self._pos = os.fstat(self._fd).st_size + offset
-        return self._pos
-
-
-class ReadOnlyFile(_PositionedFile):
-    """A read-only file for h5py's ``fileobj`` driver, reading with ``os.preadv``.
-
-    HDF5 shares one in-memory file object (and its metadata cache) between all opens of the
-    same path through its default driver, so a reopen in the same process, or in a forked
-    child that inherited an open file, sees stale metadata. Each ``ReadOnlyFile`` is a file
-    of its own to HDF5. Positioned reads never move a descriptor offset shared across fork.
-    """
-
-    def __init__(self, path: str, fd: int | None = None) -> None:
-        super().__init__(path, os.open(path, os.O_RDONLY) if fd is None else fd)
-
-    @classmethod
-    def duplicate(cls, other: ReadOnlyFile) -> ReadOnlyFile:
-        """Another object on the same open file (the same inode, whatever the path holds now).
-
-        ``/proc/self/fd`` reopens it as a new open file description, so its locks are its own.
-        """
-        return cls(other.path, os.open(f"/proc/self/fd/{other.fileno()}", os.O_RDONLY))
-
-    def readinto(self, buffer: Any) -> int:
-        n = os.preadv(self._fd, [memoryview(buffer).cast("B")], self._pos)
-        self._pos += n
-        return n
-
-    def close(self) -> None:
-        if not self.closed and os.getpid() == self._pid:
-            os.close(self._fd)
-        super().close()
-
-
-class JournaledFile(_PositionedFile):
-    """A read/write file for h5py's ``fileobj`` driver that journals committed pages.
-
-    Parameters
-    ----------
-    path : str
-        An existing file (rolled back first if it has a hot journal).
-    fresh : bool
-        The file was just created: its committed state is "empty", so a crash before the
-        first commit rolls back to an empty file rather than leaving half an HDF5 file.
-    on_commit : callable, optional
-        Called at each commit, just before its commit point, while the commit lock is held
-        (the file handle publishes a commit counter for readers there).
-
-    Notes
-    -----
-    The object belongs to the process that opened it: in a forked child every write is
-    discarded (a child must never touch its parent's file or journal).
-    """
-
-    def __init__(self, path: str, fresh: bool = False, on_commit: Callable[[], None] | None = None) -> None:
-        check_links(path)
-        rollback(path)
-        super().__init__(path, os.open(path, os.O_RDWR))
-        # The journal belongs to the file, not to the name: beside the real file, its header
-        # naming the file's device, inode and inode generation.
-        self._jpath = journal_path(path)
-        self._identity = _identity(self._fd)
-        self._batch = 0  # batches in the journal: one per journal fsync
-        self._on_commit = on_commit
-        # The first write, fsync or commit the OS refused (ENOSPC, EIO, ...): from then on the
-        # file takes no more writes (HDF5's state no longer matches the disk); see fail().
-        self.failure: WriteError | None = None
-        self.describe_kept: Callable[[], str] | None = None  # "what was kept", for the message
-        self._discard = False
-        self.lock = CommitLock(self._fd, path)
-        self._overlay: dict[int, bytearray] = {}  # page -> its new bytes (committed pages only)
-        self._direct = False  # spilled: holding the commit lock, overwriting in place
-        self._saved: set[int] = set()  # pages journaled in this transaction (direct mode)
-        self._jfd: int | None = None
-        self._journal_synced = False
-        if fresh:
-            os.ftruncate(self._fd, 0)
-            self._committed = 0
-            try:
-                self._open_journal()
-                self._sync_journal()
-            except OSError as e:
-                self.close()  # the caller removes the file it created
-                raise self.fail(e, "starting its journal") from None
-        else:
-            self._committed = os.fstat(self._fd).st_size
-
-    # -- io.RawIOBase -------------------------------------------------------------
-    def writable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        if self.failure is not None and not self._discard:
-            raise self.refused()  # the bytes HDF5 would read may never have reached the disk
-        view = memoryview(buffer).cast("B")
-        pos = self._pos
-        n = os.preadv(self._fd, [view], pos)
-        if self._overlay and pos < self._committed and n:
-            stop = min(pos + n, self._committed)
-            for p in range(pos // PAGE, (stop - 1) // PAGE + 1):
-                page = self._overlay.get(p)
-                if page is not None:
-                    a = max(pos, p * PAGE)
-                    b = min(stop, p * PAGE + len(page))
-                    view[a - pos : b - pos] = page[a - p * PAGE : b - p * PAGE]
-        self._pos += n
-        return n
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        n = len(view)
-        if os.getpid() != self._pid or self._discard:
-            return n  # an inherited copy in a forked child, or a failed file closing: discard
-        if self.failure is not None:
-            raise self.refused()
-        try:
-            self._write(view, n)
-        except OSError as e:
-            raise self.fail(e, "writing") from None
-        return n
-
-    def _write(self, view: memoryview, n: int) -> None:
-        if self._jfd is None:
-            self._open_journal()  # a crash from now on rolls back (truncates what we add)
-        pos = self._pos
-        if pos < self._committed:
-            k = min(n, self._committed - pos)
-            if self._direct:
-                self._protect(pos, pos + k)
-                self._pwrite(view[:k], pos)
-            else:
-                self._stage(view[:k], pos)
-            view, pos = view[k:], pos + k
-        if len(view):
-            self._pwrite(view, pos)
-        self._pos += n
-
-    def _pwrite(self, view: memoryview, pos: int) -> None:
-        done = 0
-        while done < len(view):
-            done += os.pwrite(self._fd, view[done:], pos + done)
-
-    def truncate(self, size: int | None = None) -> int:
-        size = self._pos if size is None else size
-        if os.getpid() != self._pid or self._discard:
-            return size
-        if self.failure is not None:
-            raise self.refused()
-        try:
-            if self._jfd is None:
-                self._open_journal()
-            if size < self._committed:
-                self._spill()
-                self._protect(size, self._committed)
-            os.ftruncate(self._fd, size)
-        except OSError as e:
-            raise self.fail(e, "truncating") from None
-        return size
-
-    def flush(self) -> None:
-        pass  # every write is already a pwrite or staged; durability is commit()'s job
-
-    # -- the overlay and the journal ------------------------------------------------
-    def _stage(self, view: memoryview, pos: int) -> None:
-        stop = pos + len(view)
-        for p in range(pos // PAGE, (stop - 1) // PAGE + 1):
-            page = self._overlay.get(p)
-            if page is None:
-                page = self._overlay[p] = bytearray(os.pread(self._fd, min(PAGE, self._committed - p * PAGE), p * PAGE))
-            a = max(pos, p * PAGE)
-            b = min(stop, p * PAGE + len(page))
-            page[a - p * PAGE : b - p * PAGE] = view[a - pos : b - pos]
-        if len(self._overlay) * PAGE > OVERLAY_BYTES:
-            self._spill()
-
-    def _journal_pages(self, pages: list[int]) -> None:
-        """Append the committed bytes of ``pages`` to the journal and make them durable."""
-        assert self._jfd is not None
-        records = []
-        for p in pages:
-            offset = p * PAGE
-            data = os.pread(self._fd, min(PAGE, self._committed - offset), offset)
-            head = struct.pack("<QII", offset, len(data), zlib.crc32(data))
-            records.append(head + struct.pack("<I", zlib.crc32(head)) + data)
-        body = b"".join(records)
-        bhead = struct.pack("<4sIIQ", _BATCH_MAGIC, self._batch, len(records), len(body))
-        self._batch += 1
-        _write_all(self._jfd, bhead + struct.pack("<I", zlib.crc32(bhead)) + body)  # a short write must not pass for a whole one
-        self._sync_journal()  # the originals are durable before anything overwrites them
-        self._saved.update(pages)
-
-    def _spill(self) -> None:
-        """Write the overlay in place now, holding the commit lock until the commit."""
-        if self._direct:
-            return
-        self.lock.acquire_exclusive()
-        self._direct = True
-        pages = sorted(self._overlay)
-        self._journal_pages(pages)
-        for p in pages:
-            self._pwrite(memoryview(self._overlay[p]), p * PAGE)
-        self._overlay.clear()
-
-    def _protect(self, start: int, stop: int) -> None:
-        pages = [p for p in range(start // PAGE, (stop - 1) // PAGE + 1) if p not in self._saved]
-        if pages:
-            self._journal_pages(pages)
-
-    def _open_journal(self) -> None:
-        self._jfd = os.open(self._jpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        head = struct.pack("<8sQQQQ", _MAGIC, self._committed, *self._identity)
-        _write_all(self._jfd, head + struct.pack("<I", zlib.crc32(head)))
-        self._batch = 0
-        self._journal_synced = False
-
-    def _sync_journal(self) -> None:
-        assert self._jfd is not None
-        os.fsync(self._jfd)
-        if not self._journal_synced:
-            _fsync_dir(self._jpath)  # the journal's name survives a power loss too
-            self._journal_synced = True
-
-    @property
-    def in_transaction(self) -> bool:
-        return self._jfd is not None
-
-    def commit(self) -> None:
-        """Make everything written so far durable; delete the journal (the commit point).
-
-        Raises :class:`~h5store.errors.WriteError` when the OS refuses a write or an fsync
-        (then, or at any earlier write): the file stays as of its last commit.
-        """
-        if os.getpid() != self._pid or self._discard:
-            return  # a forked child's copy, or a failed file closing
-        if self.failure is not None:
-            raise self.refused()
-        if self._jfd is None:
-            return  # nothing written since the last commit
-        try:
-            self._commit()
-        except OSError as e:
-            # Before the commit point: the journal holds every page overwritten so far, so
-            # the rollback at close (or at the next open) restores the last commit.
-            raise self.fail(e, "committing") from None
-
-    def _commit(self) -> None:
-        assert self._jfd is not None
-        pages = sorted(self._overlay)
-        unsaved = [p for p in pages if p not in self._saved]
-        if unsaved:
-            self._journal_pages(unsaved)
-        if not self._direct:
-            self.lock.acquire_exclusive()
-        try:
-            for p in pages:
-                self._pwrite(memoryview(self._overlay[p]), p * PAGE)
-            os.fsync(self._fd)  # new bytes and rewritten pages, before the journal goes
-            if self._on_commit is not None:
-                # Before the commit point: if we die between the two, readers see a new
-                # counter and reopen a file that is rolled back to the old state (harmless);
-                # the other order could leave them on stale metadata of a changed file.
-                self._on_commit()
-            os.close(self._jfd)
-            self._jfd = None
-            os.unlink(self._jpath)
-            _fsync_dir(self.path)
-            self._overlay.clear()
-            self._saved.clear()
-            self._committed = os.fstat(self._fd).st_size
-        finally:
-            self._direct = False
-            self.lock.release_exclusive()
-
-    def disown(self) -> None:
-        """In a forked child: make this inherited object inert without touching the files."""
-        self._pid = -1
-
-    def fail(self, e: OSError, doing: str) -> WriteError:
-        """Record a write the OS refused; the first one is the file's ``failure``.
-
-        After it the file refuses reads and writes (HDF5's state no longer matches the
-        disk) until :meth:`discard_writes`, which lets HDF5 close without touching the disk.
-        """
-        if self.failure is None:
-            kept = "everything committed before is intact; what was written since was not kept"
-            if self.describe_kept is not None:
-                with contextlib.suppress(Exception):
-                    kept = self.describe_kept()
-            code = e.errno or errno.EIO
-            why = e.strerror or os.strerror(code)
-            self.failure = WriteError(code, f"{self.path}: {why} while {doing}; {kept}")
-            self.failure.filename = self.path
-        return self.failure
-
-    def refused(self) -> WriteError:
-        """The error for any use of the file after its ``failure``."""
-        assert self.failure is not None
-        err = WriteError(self.failure.errno, f"{self.path}: an earlier write failed, so this open file takes "
-                         f"no more reads or writes; close() it and reopen it (the error was: {self.failure})")
-        err.filename = self.path
-        return err
-
-    def discard_writes(self) -> None:
-        """From now on drop every write: HDF5 can then close a failed file without error."""
-        self._discard = True
-
-    def close(self) -> None:
-        if not self.closed and os.getpid() == self._pid:
-            if self._jfd is not None:
-                os.close(self._jfd)  # uncommitted: the journal stays, the next open rolls back
-                self._jfd = None
-            os.close(self._fd)  # also drops a commit lock still held by a spilled transaction
-        super().close()

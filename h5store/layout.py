@@ -1,4 +1,4 @@
-"""Pure numpy index math: read planning, window tables, geometric growth.
+"""Pure numpy index math: read planning, row-to-byte offsets, window tables, geometric growth.
 
 Nothing here touches a file. HDF5 (and the page cache) want few, large, increasing reads,
 while a training batch asks for many small ranges in random order. :func:`plan_reads`
@@ -15,10 +15,12 @@ import numpy as np
 
 __all__ = [
     "ReadPlan",
+    "byte_offsets",
     "count_windows",
     "gather",
     "grow_capacity",
     "locate_windows",
+    "piece_spans",
     "plan_reads",
 ]
 
@@ -97,6 +99,55 @@ def gather(plan: ReadPlan, buffer: np.ndarray) -> list[np.ndarray]:
     Each result is a view into ``buffer``, in the caller's original order.
     """
     return [buffer[o : o + n] for o, n in zip(plan.offsets.tolist(), plan.lengths.tolist())]
+
+
+def piece_spans(a: int, b: int, piece_rows: int, piece_starts: np.ndarray | None = None) -> list[tuple[int, int, int]]:
+    """``(piece, first, stop)`` for each piece that rows ``[a, b)`` cross, in order.
+
+    Data stored as pieces (HDF5 chunks, or one piece for contiguous data): piece ``p``
+    holds ``piece_rows`` rows from ``piece_starts[p]`` (increasing), or from
+    ``p * piece_rows`` when ``piece_starts`` is None (a regular grid). The spans join
+    into ``[a, b)``; each lies inside its piece.
+
+    Examples
+    --------
+    >>> piece_spans(3, 12, 5)
+    [(0, 3, 5), (1, 5, 10), (2, 10, 12)]
+    >>> piece_spans(3, 12, 5, np.array([0, 5, 10]))
+    [(0, 3, 5), (1, 5, 10), (2, 10, 12)]
+    """
+    out = []
+    while a < b:
+        if piece_starts is None:
+            p = a // piece_rows
+            base = p * piece_rows
+        else:
+            p = int(piece_starts.searchsorted(a, side="right")) - 1
+            base = int(piece_starts[p])
+        end = min(b, base + piece_rows)
+        out.append((p, a, end))
+        a = end
+    return out
+
+
+def byte_offsets(piece_starts: np.ndarray, piece_offsets: np.ndarray, piece_rows: int, row_nbytes: int,
+                 starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """File byte offset of row ``starts[j]``, and whether rows ``[starts[j], +counts[j])`` stay in its piece.
+
+    Pieces as in :func:`piece_spans` (``piece_offsets[p]``: the byte offset of piece
+    ``p``'s first row); vectorised over the ranges. A range that leaves its piece is read
+    piece by piece (:func:`piece_spans`).
+
+    Examples
+    --------
+    >>> byte, inside = byte_offsets(np.array([0, 4]), np.array([100, 900]), 4, 8, np.array([1, 3, 5]), np.array([2, 2, 3]))
+    >>> byte.tolist(), inside.tolist()
+    ([108, 124, 908], [True, False, True])
+    """
+    piece = np.searchsorted(piece_starts, starts, side="right") - 1
+    base = piece_starts[piece]
+    inside = starts + counts <= base + piece_rows
+    return piece_offsets[piece] + (starts - base) * row_nbytes, inside
 
 
 def count_windows(lengths: np.ndarray, length: int, hop: int, partial: bool = False) -> np.ndarray:

@@ -9,18 +9,17 @@ is not plain h5store data within the :class:`Limits`.
 
 It cannot make HDF5 itself safe: the HDF5 releases bundled with h5py have published CVEs
 (memory corruption while parsing crafted metadata) that no check above the library prevents.
-:func:`hdf5_advisories` lists those that apply to the HDF5 in use, and a check on such a
-version warns with :class:`H5StoreSecurityWarning`. For files from strangers, run the checks
-in a separate, resource-limited process: :func:`h5store.integrity.verify_in_subprocess`.
+:func:`~h5store.advisories.hdf5_advisories` lists those that apply to the HDF5 in use, and a
+check on such a version warns with :class:`~h5store.advisories.H5StoreSecurityWarning`. For
+files from strangers, run the checks in a separate, resource-limited process:
+:func:`h5store.integrity.verify_in_subprocess`. The superblock (:mod:`h5store.superblock`) and
+the check every trusted open runs (:mod:`h5store.external_data`) live beside this module.
 See ``docs/reliability.md``.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import struct
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,13 +27,19 @@ from typing import Any
 import h5py
 import numpy as np
 
+from h5store.advisories import Advisory, H5StoreSecurityWarning, hdf5_advisories, warn_advisories
+from h5store.column import Column
 from h5store.errors import FormatError, H5StoreError
+from h5store.external_data import check_local, link_problem, storage_problem
+from h5store.format import IDS, IDS_SPEC, ColumnSpec, check_root
+from h5store.groups import GroupStore
 from h5store.schema import Schema
-from h5store.storage import IDS, Column, ColumnSpec, GroupStore, check_root
+from h5store.superblock import Superblock, read_superblock
 
+# Advisory, H5StoreSecurityWarning, hdf5_advisories, Superblock, read_superblock, check_local,
+# link_problem and storage_problem are re-exported from the modules that define them.
 __all__ = [
     "ALLOWED_FILTERS",
-    "HDF5_ADVISORIES",
     "Advisory",
     "H5StoreSecurityWarning",
     "Limits",
@@ -59,10 +64,6 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _COLUMN_DATASETS = frozenset({"data", "index", "checksum"})
 _TYPE_CLASSES = {0: "integer", 1: "float", 2: "time", 3: "string", 4: "bitfield", 5: "opaque", 6: "compound",
                  7: "reference", 8: "enum", 9: "variable-length", 10: "array"}
-
-
-class H5StoreSecurityWarning(UserWarning):
-    """The HDF5 library in use has published vulnerabilities reachable from crafted files."""
 
 
 @dataclass(frozen=True)
@@ -103,331 +104,14 @@ class Limits:
     max_chunks: int = 5_000_000
 
 
-# --------------------------------------------------------------------------- advisories
-@dataclass(frozen=True)
-class Advisory:
-    """Published vulnerabilities of HDF5 releases before ``fixed_in``."""
 
-    ids: str
-    summary: str
-    fixed_in: tuple[int, int, int] | None
-    affected_through: tuple[int, int, int] | None
-    mitigation: str
-    source: str
+def __getattr__(name: str) -> Any:
+    # HDF5_ADVISORIES lives in h5store.advisories, read from its data file at first use.
+    if name == "HDF5_ADVISORIES":
+        from h5store import advisories
 
-    def affects(self, version: tuple[int, int, int]) -> bool:
-        if self.fixed_in is not None and version >= self.fixed_in:
-            return False
-        return self.affected_through is None or version <= self.affected_through
-
-
-_H5PY_2947 = "h5py PR #2947 (https://github.com/h5py/h5py/pull/2947)"
-_PYTABLES_1347 = "PyTables PR #1347 (https://github.com/PyTables/PyTables/pull/1347)"
-
-#: Known CVEs of the HDF5 library reachable by opening or reading a crafted file, with the
-#: first release that fixes them. Sources are cited per entry; docs/reliability.md explains.
-HDF5_ADVISORIES: tuple[Advisory, ...] = (
-    Advisory("CVE-2025-44905", "heap buffer overflow in the scale-offset filter (H5Z__filter_scaleoffset)",
-             (2, 0, 0), None, "the scale-offset filter is refused", _PYTABLES_1347),
-    Advisory("CVE-2025-2153, CVE-2025-2310, CVE-2025-2912 to CVE-2025-2926, CVE-2025-6269, CVE-2025-6270, "
-             "CVE-2025-6516, CVE-2025-6750, CVE-2025-6816 to CVE-2025-6858, CVE-2025-7067 to CVE-2025-7069",
-             "heap/stack overflows, use-after-free, double free and NULL dereferences in the metadata "
-             "parsers (object headers, free-space manager, local heaps, metadata cache, v1 B-trees)",
-             (2, 0, 0), None, "none: parse in a resource-limited subprocess", _PYTABLES_1347),
-    Advisory("CVE-2025-44904", "heap buffer overflow in H5VM_memcpyvv through an unvalidated stored chunk size",
-             (2, 1, 0), None, "stored chunk sizes are checked against the chunk shape before any read",
-             _H5PY_2947),
-    Advisory("CVE-2025-2308", "heap overflow in scale-offset decompression", (2, 1, 0), None,
-             "the scale-offset filter is refused", _H5PY_2947),
-    Advisory("CVE-2025-2309", "heap overflow in datatype conversion (H5T__bit_copy)", (2, 1, 0), None,
-             "only plain numeric datatypes are accepted", _H5PY_2947),
-    Advisory("CVE-2026-26197", "out-of-bounds read decoding a malformed array datatype", (2, 1, 0), None,
-             "none: the datatype is decoded when the dataset is opened", _H5PY_2947),
-    Advisory("CVE-2026-26199", "buffer underflow in H5Iget_name/H5G_get_name called with size 0",
-             (2, 1, 0), None, "not reached through h5store", _H5PY_2947),
-    Advisory("CVE-2026-17572", "heap buffer overflow deserializing a crafted shared-message (SOHM) list index",
-             (2, 2, 0), None, "none: parse in a resource-limited subprocess", _H5PY_2947),
-    Advisory("CVE-2026-17573", "double free in the chunk-copy code via a crafted chunk", (2, 2, 0), None,
-             "none: parse in a resource-limited subprocess", _H5PY_2947),
-    Advisory("CVE-2026-19025", "divide by zero when a chunked dataset's stored chunk rank differs from its "
-             "dataspace rank (H5O__layout_decode), reported for HDF5 through 2.3.0", None, (2, 3, 0),
-             "the chunk rank is checked against the dataspace rank before any read",
-             "NVD / Tenable plugin 474819"),
-)
-
-
-def _parse_version(text: str) -> tuple[int, int, int]:
-    parts = [int(p) for p in re.findall(r"\d+", text)[:3]] + [0, 0, 0]
-    return parts[0], parts[1], parts[2]
-
-
-def hdf5_advisories(version: str | None = None) -> list[Advisory]:
-    """The :data:`HDF5_ADVISORIES` that apply to ``version`` (default: the HDF5 h5py uses).
-
-    Examples
-    --------
-    >>> [a.ids for a in hdf5_advisories("2.2.0")]
-    ['CVE-2026-19025']
-    """
-    v = _parse_version(version if version is not None else h5py.version.hdf5_version)
-    return [a for a in HDF5_ADVISORIES if a.affects(v)]
-
-
-def _warn_advisories() -> None:
-    found = hdf5_advisories()
-    if not found:
-        return
-    fixed = sorted({".".join(map(str, a.fixed_in)) for a in found if a.fixed_in})
-    warnings.warn(
-        f"HDF5 {h5py.version.hdf5_version} (used by h5py {h5py.version.version}) has published CVEs "
-        f"reachable from crafted files ({len(found)} advisories, fixed in HDF5 {', '.join(fixed) or 'no release yet'}); "
-        "h5store's untrusted checks avoid some of them, not all: parse files from strangers with "
-        "h5store.integrity.verify_in_subprocess (see docs/reliability.md)",
-        H5StoreSecurityWarning,
-        stacklevel=3,
-    )
-
-
-# --------------------------------------------------------------------------- superblock
-_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
-
-@dataclass(frozen=True)
-class Superblock:
-    """What the superblock says about a file, read with plain file I/O (no HDF5).
-
-    ``eof`` is the end-of-file address HDF5 recorded, relative to the start of the file;
-    a file shorter than that was truncated. ``checksum_ok`` is None for versions 0 and 1,
-    which carry no checksum.
-    """
-
-    version: int
-    offset: int
-    eof: int
-    checksum_ok: bool | None
-
-
-def _rot(x: int, k: int) -> int:
-    return ((x << k) | (x >> (32 - k))) & 0xFFFFFFFF
-
-
-def _lookup3(data: bytes, initval: int = 0) -> int:
-    """Bob Jenkins' lookup3 ``hashlittle``, the checksum of HDF5's v2/v3 superblocks."""
-    m = 0xFFFFFFFF
-    n = len(data)
-    a = b = c = (0xDEADBEEF + n + initval) & m
-    k = 0
-    while n > 12:
-        a = (a + int.from_bytes(data[k : k + 4], "little")) & m
-        b = (b + int.from_bytes(data[k + 4 : k + 8], "little")) & m
-        c = (c + int.from_bytes(data[k + 8 : k + 12], "little")) & m
-        a = (a - c) & m; a ^= _rot(c, 4); c = (c + b) & m  # noqa: E702 - lookup3's mix(), as published
-        b = (b - a) & m; b ^= _rot(a, 6); a = (a + c) & m  # noqa: E702
-        c = (c - b) & m; c ^= _rot(b, 8); b = (b + a) & m  # noqa: E702
-        a = (a - c) & m; a ^= _rot(c, 16); c = (c + b) & m  # noqa: E702
-        b = (b - a) & m; b ^= _rot(a, 19); a = (a + c) & m  # noqa: E702
-        c = (c - b) & m; c ^= _rot(b, 4); b = (b + a) & m  # noqa: E702
-        n -= 12
-        k += 12
-    if n == 0:
-        return c
-    tail = data[k:] + bytes(12 - n)
-    a = (a + int.from_bytes(tail[0:4], "little")) & m
-    b = (b + int.from_bytes(tail[4:8], "little")) & m
-    c = (c + int.from_bytes(tail[8:12], "little")) & m
-    c ^= b; c = (c - _rot(b, 14)) & m  # noqa: E702 - lookup3's final(), as published
-    a ^= c; a = (a - _rot(c, 11)) & m  # noqa: E702
-    b ^= a; b = (b - _rot(a, 25)) & m  # noqa: E702
-    c ^= b; c = (c - _rot(b, 16)) & m  # noqa: E702
-    a ^= c; a = (a - _rot(c, 4)) & m  # noqa: E702
-    b ^= a; b = (b - _rot(a, 14)) & m  # noqa: E702
-    c ^= b; c = (c - _rot(b, 24)) & m  # noqa: E702
-    return c
-
-
-def read_superblock(path: str | os.PathLike[str]) -> Superblock | str:
-    """The superblock of ``path``, or a sentence saying why there is none.
-
-    HDF5 looks for its signature at offsets 0, 512, 1024, 2048, ... (after a user block).
-    Layouts: HDF5 File Format Specification, "Superblock" (versions 0-3).
-
-    Examples
-    --------
-    >>> read_superblock(__file__)  # doctest: +ELLIPSIS
-    '...no HDF5 signature...'
-    """
-    path = os.fspath(path)
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        offset = 0
-        while offset + len(_SIGNATURE) <= size:
-            fh.seek(offset)
-            head = fh.read(128)
-            if head.startswith(_SIGNATURE):
-                return _parse_superblock(head, offset, size)
-            offset = 512 if offset == 0 else offset * 2
-    if size < len(_SIGNATURE):
-        return f"{size} bytes: too short to hold an HDF5 superblock (truncated, or not HDF5)"
-    return "no HDF5 signature at offset 0, 512, 1024, ...: not an HDF5 file"
-
-
-def _parse_superblock(head: bytes, offset: int, size: int) -> Superblock | str:
-    if len(head) < 9:
-        return f"the file ends inside its superblock (at byte {size}): truncated"
-    version = head[8]
-    if version in (0, 1):
-        if len(head) < 16:
-            return f"the file ends inside its superblock (at byte {size}): truncated"
-        so = head[13]
-        at = 24 if version == 0 else 28  # base address follows the fixed fields (+4 in v1)
-    elif version in (2, 3):
-        so = head[9]
-        at = 12
-    else:
-        return f"unknown superblock version {version}"
-    if so not in (2, 4, 8):
-        return f"superblock declares {so}-byte addresses: damaged"
-    need = at + 4 * so + (4 if version >= 2 else 0)
-    if len(head) < need:
-        return f"the file ends inside its superblock (at byte {size}): truncated"
-    # The stored end-of-file address is absolute (HDF5 compares it with the file size plus
-    # the base address, then subtracts that again): no base offset to add.
-    eof_at = at + 2 * so
-    eof = int.from_bytes(head[eof_at : eof_at + so], "little")
-    checksum_ok = None
-    if version >= 2:
-        body = head[: at + 4 * so]
-        stored = struct.unpack_from("<I", head, at + 4 * so)[0]
-        checksum_ok = _lookup3(body) == stored
-    return Superblock(version, offset, eof, checksum_ok)
-
-
-# --------------------------------------------------------------------------- data outside the file
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def link_problem(gid: Any, name: bytes, detail: bool = False) -> str | None:
-    """Why following link ``name`` of group ``gid`` could leave the file's own objects, or None.
-
-    Hard links are plain; soft links (h5store never writes one: they may lead through an
-    external link), external links and user-defined links are not. ``detail`` adds where
-    an external link points (the untrusted checks leave it out of their messages).
-
-    Examples
-    --------
-    >>> link_problem(f.id, b"mel")  # doctest: +SKIP
-    """
-    info = gid.links.get_info(name)
-    if info.type == h5py.h5l.TYPE_HARD:
-        return None
-    if info.type == h5py.h5l.TYPE_SOFT:
-        return "soft link (may point anywhere in the file)"
-    if info.type == h5py.h5l.TYPE_EXTERNAL:
-        if detail:
-            target, obj = gid.links.get_val(name)
-            return f"external link to {_text(obj)!r} in {_text(target)!r} (would open another file)"
-        return "external link (would open another file)"
-    return f"user-defined link of type {info.type}"
-
-
-def storage_problem(dcpl: Any, detail: bool = False) -> str | None:
-    """Why a dataset's bytes would come from outside the file (external raw storage, a
-    virtual dataset), or None. ``detail`` names the first other file.
-
-    Examples
-    --------
-    >>> storage_problem(ds.id.get_create_plist(), detail=True)  # doctest: +SKIP
-    "external raw storage (its bytes live in another file: '/etc/passwd')"
-    """
-    if dcpl.get_layout() == h5py.h5d.VIRTUAL:
-        if detail and dcpl.get_virtual_count():
-            return (f"virtual dataset (maps data of other datasets or files: "
-                    f"{_text(dcpl.get_virtual_filename(0))!r})")
-        return "virtual dataset (maps data of other datasets or files)"
-    if dcpl.get_external_count():
-        if detail:
-            return f"external raw storage (its bytes live in another file: {_text(dcpl.get_external(0)[0])!r})"
-        return "external raw storage (its bytes live in another file)"
-    return None
-
-
-_COLUMN_PARTS = (b"data", b"index", b"checksum", b"frames")
-_OPT_IN = ("refused: h5store reads only data stored inside the file. Open it with allow_external=True only if "
-           "you trust the file and what it points to")
-_NEVER = ("refused: h5store opens files through a file object, and HDF5 cannot follow that through one (an "
-          "external link fails to open, a virtual dataset crashes the process); copy the data into the file")
-
-
-def check_local(h5file: h5py.File, path: str, groups: Mapping[str, Any], allow_external: bool = False) -> None:
-    """Refuse an h5store file whose own datasets would read bytes from outside it.
-
-    What every trusted open runs (``h5store.open``, ``TypedFile(path)``): on the path to
-    the objects h5store reads (each group of the schema, its ids table and features, their
-    ``data``, ``index``, ``checksum`` and ``frames``), not on every object of the file, so
-    it costs microseconds per dataset. HDF5 would otherwise read another file (say
-    ``/etc/passwd``) as if it were the feature's data. External raw storage and soft links
-    are refused unless ``allow_external``; external links, user-defined links and virtual
-    datasets always (HDF5 cannot follow them through the file object h5store opens files
-    with: measured, a virtual dataset crashed the process). Objects that are missing or
-    unreadable are left to the reads that use them, which report them.
-
-    Parameters
-    ----------
-    h5file : h5py.File
-        The open file.
-    path : str
-        Names the file in messages.
-    groups : Mapping
-        Group name ("" for the root) -> its feature names (the schema's ``groups``).
-    allow_external : bool
-        The caller's opt-in (``h5store.open(path, allow_external=True)``).
-
-    Raises
-    ------
-    FormatError
-        Naming the file, the object, where it points and, where one exists, the opt-in.
-
-    Examples
-    --------
-    >>> check_local(f.h5, f.path, f.file_schema.groups)  # doctest: +SKIP
-    """
-    for gname, feats in groups.items():
-        g = h5file.id
-        if gname:
-            g = _local_child(g, gname.encode("utf-8"), path, f"/{gname}", allow_external)
-            if g is None:
-                continue
-        base = f"/{gname}" if gname else ""
-        for name in (IDS, *feats):
-            col = _local_child(g, name.encode("utf-8"), path, f"{base}/{name}", allow_external)
-            if col is None:
-                continue
-            for part in _COLUMN_PARTS:
-                _local_child(col, part, path, f"{base}/{name}/{part.decode()}", allow_external, dataset=True)
-
-
-def _local_child(g: Any, name: bytes, path: str, where: str, allow_external: bool, dataset: bool = False) -> Any:
-    """The group behind link ``name`` (with ``dataset``: True), after checking it; None
-    when absent or unreadable (the read that needs it reports that)."""
-    try:
-        try:
-            why = link_problem(g, name, detail=True)
-        except KeyError:
-            return None  # absent
-        # Only a soft link (inside the file) and external raw storage can be opted into.
-        opt_in = why is not None and g.links.get_info(name).type == h5py.h5l.TYPE_SOFT
-        if why is None or (opt_in and allow_external):
-            if not dataset:
-                return h5py.h5g.open(g, name)
-            dcpl = h5py.h5d.open(g, name).get_create_plist()
-            why = storage_problem(dcpl, detail=True)
-            opt_in = why is not None and dcpl.get_layout() != h5py.h5d.VIRTUAL
-            if why is None or (opt_in and allow_external):
-                return True
-    except (OSError, KeyError, RuntimeError, ValueError, TypeError):
-        return None  # not a group (dataset), or damaged metadata: the read of this object reports it
-    raise FormatError(f"{path}:{where}: {why}; {_OPT_IN if opt_in else _NEVER}")
+        return advisories.HDF5_ADVISORIES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- the walk
@@ -645,7 +329,7 @@ def check_untrusted(h5file: h5py.File, path: str | None = None, limits: Limits |
     ...     warnings.simplefilter("ignore", H5StoreSecurityWarning)
     ...     check_untrusted(f, path)
     """
-    _warn_advisories()
+    warn_advisories()
     path = path or h5file.filename
     try:
         _check(h5file, path, limits or Limits())
@@ -696,7 +380,7 @@ def _check(h5file: h5py.File, path: str, limits: Limits) -> None:
                 raise walk.refuse(_join(where, sorted(extra)[0]), "object not in the h5store layout")
         else:
             g, names = h5file, root_names
-        for cname, spec in [(IDS, _IDS_SPEC), *feats.items()]:
+        for cname, spec in [(IDS, IDS_SPEC), *feats.items()]:
             if cname not in names:
                 raise walk.refuse(_join(where, cname), "listed by the schema but missing from the file")
             _check_column(walk, g, cname, spec, _join(where, cname))
@@ -705,8 +389,6 @@ def _check(h5file: h5py.File, path: str, limits: Limits) -> None:
                           f"{walk.file_size} bytes (more than {walk.limits.max_ratio:g} times its size)")
     _check_consistency(h5file, path, specs)
 
-
-_IDS_SPEC = ColumnSpec(dtype="uint8", shape=(None,), layout="ragged")
 
 
 def _check_column(walk: _Walk, parent: h5py.Group, name: str, spec: ColumnSpec, where: str) -> None:
@@ -773,7 +455,7 @@ def _check_consistency(f: h5py.File, path: str, specs: Mapping[str, Mapping[str,
         try:
             # GroupStore checks that every column has one index row per id.
             store = GroupStore(g, dict(feats), where, False, path)
-            ids = Column(g[IDS], _IDS_SPEC, f"{where.rstrip('/')}/{IDS}", False, path)
+            ids = Column(g[IDS], IDS_SPEC, f"{where.rstrip('/')}/{IDS}", False, path)
             for col in [ids, *store.columns.values()]:
                 _ = col.index, col.checksums
             # Every id once: a repeated id hides the item of its second copy (ids are

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from h5store.errors import SchemaError
-from h5store.storage import IDS, ColumnSpec
+from h5store.format import IDS, ColumnSpec
 
 __all__ = [
     "Feature",

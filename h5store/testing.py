@@ -1,8 +1,9 @@
-"""A conformance kit for Feature classes: subclass :class:`FeatureTests` in your tests.
+"""Conformance kits: subclass :class:`FeatureTests` (a Feature) or :class:`ReaderTests` (a Reader).
 
 Like ``zarr.testing.StoreTests``: the kit's ``test_*`` methods run under pytest for every
-subclass whose name starts with ``Test``. Every built-in feature passes it
-(``tests/features/test_conformance.py``); a custom feature should too.
+subclass whose name starts with ``Test``. Every built-in feature passes
+:class:`FeatureTests` (``tests/features/test_conformance.py``), every built-in reader
+:class:`ReaderTests` (``tests/test_readers.py``); a custom one should too.
 
 This module is only imported by tests; it imports neither pytest nor anything heavy.
 """
@@ -12,16 +13,21 @@ from __future__ import annotations
 import copy
 import json
 import os
+import pickle
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import h5store
+from h5store.errors import CorruptRecordError
+from h5store.layout import gather, plan_reads
+from h5store.readers import Reader
 from h5store.schema import Feature, Source
 from h5store.typed_file import TypedFile
 
-__all__ = ["FeatureTests"]
+__all__ = ["FeatureTests", "ReaderTests"]
 
 
 class FeatureTests:
@@ -197,3 +203,186 @@ class FeatureTests:
         feature = self.make_feature()
         assert feature.problems() == [], feature.problems()
         self.file_class(feature)  # declaring it raises SchemaError on any problem
+
+
+class ReaderTests:
+    """Reusable pytest tests that a :class:`~h5store.readers.Reader` must pass.
+
+    A subclass provides :meth:`make_reader` (a reader of ``data``, the array the kit
+    chose, stored as the reader reads it) and may override :meth:`make_data`. The tests:
+
+    ``test_protocol``
+        it is a :class:`~h5store.readers.Reader`: the attributes and methods, of their types.
+    ``test_read_runs``
+        planned reads of ranges that repeat, overlap, touch, are empty, in any order, return
+        ``data``'s rows (and so does a plan whose runs join across a gap).
+    ``test_read_scatter``
+        rows land in a caller's buffer at ``out[dest[j], :counts[j]]``, nothing else written.
+    ``test_take``
+        one row each, in the order asked, repeats included.
+    ``test_past_the_end``
+        a read past the last row raises :class:`~h5store.errors.CorruptRecordError`.
+    ``test_close_reopens``
+        ``open``/``close`` in any order, twice; a read after ``close`` reopens.
+    ``test_threads``
+        four threads reading at once read the right rows.
+    ``test_pickle``
+        (:attr:`picklable`) a pickled copy reads the same.
+    ``test_after_fork``
+        (:attr:`survives_fork`, or the reader's own) a forked child reads the same with it.
+
+    Examples
+    --------
+    >>> class TestMyReader(ReaderTests):  # doctest: +SKIP
+    ...     def make_reader(self, tmp_path, data):
+    ...         return MyReader.for_array(data)
+    """
+
+    #: A pickled copy of the reader reads the same (False for readers holding HDF5 objects).
+    picklable: bool = True
+    #: Whether the same reader reads in a forked child (None: the reader's ``survives_fork``).
+    reads_after_fork: bool | None = None
+
+    # ------------------------------------------------------------------ hooks
+    def make_data(self) -> np.ndarray:
+        """The rows the reader must read (default: 257 rows of float32 ``(3,)``)."""
+        return np.arange(257 * 3, dtype=np.float32).reshape(257, 3) * 0.5 - 7
+
+    def make_reader(self, tmp_path: Path, data: np.ndarray) -> Reader:
+        """A reader of ``data`` (stored under ``tmp_path`` as the reader under test reads it)."""
+        raise TypeError(f"{type(self).__name__} must define make_reader(tmp_path, data)")
+
+    # ------------------------------------------------------------------ helpers
+    def ranges(self, n: int, seed: int = 0, k: int = 40) -> tuple[np.ndarray, np.ndarray]:
+        """``k`` random ``[start, stop)`` ranges inside ``n`` rows, plus the awkward ones."""
+        rng = np.random.default_rng(seed)
+        starts = rng.integers(0, n, k)
+        stops = np.minimum(n, starts + rng.integers(0, 40, k))
+        extra = np.array([[0, n], [0, 0], [n, n], [n - 1, n], [5, 9], [5, 9], [9, 12], [0, 1]])
+        extra = np.clip(extra, 0, n)
+        return np.concatenate([starts, extra[:, 0]]), np.concatenate([stops, extra[:, 1]])
+
+    def reader_and_data(self, tmp_path: Path) -> tuple[Reader, np.ndarray]:
+        data = self.make_data()
+        return self.make_reader(tmp_path, data), data
+
+    def check_runs(self, reader: Reader, data: np.ndarray, seed: int = 0) -> None:
+        starts, stops = self.ranges(len(data), seed)
+        for gap in (0, 7):
+            plan = plan_reads(starts, stops, max_gap=gap)
+            buf = reader.read_runs(plan)
+            assert buf.shape == (plan.total, *data.shape[1:]), f"read_runs gave {buf.shape}"
+            assert buf.dtype == data.dtype, f"read_runs gave {buf.dtype}, data is {data.dtype}"
+            for a, b, got in zip(starts.tolist(), stops.tolist(), gather(plan, buf)):
+                np.testing.assert_array_equal(got, data[a:b], err_msg=f"rows [{a}, {b})")
+
+    # ------------------------------------------------------------------ tests
+    def test_protocol(self, tmp_path: Path) -> None:
+        reader, _ = self.reader_and_data(tmp_path)
+        assert isinstance(reader, Reader), f"{type(reader).__name__} lacks part of the Reader protocol"
+        for name in ("stable", "releases_gil", "resident", "survives_fork"):
+            assert isinstance(getattr(reader, name), bool), f"{name} is {getattr(reader, name)!r}, not a bool"
+        assert isinstance(reader.max_gap, int) and reader.max_gap >= 0
+
+    def test_read_runs(self, tmp_path: Path) -> None:
+        reader, data = self.reader_and_data(tmp_path)
+        self.check_runs(reader, data)
+        empty = reader.read_runs(plan_reads(np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        assert empty.shape == (0, *data.shape[1:])
+
+    def test_read_scatter(self, tmp_path: Path) -> None:
+        reader, data = self.reader_and_data(tmp_path)
+        starts, stops = self.ranges(len(data), seed=1)
+        counts = stops - starts
+        width = int(counts.max()) + 2
+        out = np.full((len(starts) + 3, width, *data.shape[1:]), 99, dtype=data.dtype)
+        dest = np.random.default_rng(2).permutation(len(out))[: len(starts)]
+        reader.read_scatter(out, dest, starts, counts)
+        want = np.full_like(out, 99)
+        for j, a, c in zip(dest.tolist(), starts.tolist(), counts.tolist()):
+            want[j, :c] = data[a : a + c]
+        np.testing.assert_array_equal(out, want)
+
+    def test_take(self, tmp_path: Path) -> None:
+        reader, data = self.reader_and_data(tmp_path)
+        rows = np.array([len(data) - 1, 0, 3, 3, 100 % len(data), 2], dtype=np.int64)
+        got = reader.take(rows)
+        np.testing.assert_array_equal(got, data[rows])
+
+    def test_past_the_end(self, tmp_path: Path) -> None:
+        reader, data = self.reader_and_data(tmp_path)
+        n = len(data)
+        try:
+            reader.read_runs(plan_reads(np.array([n - 2]), np.array([n + 3])))
+        except CorruptRecordError:
+            pass
+        else:
+            raise AssertionError("a read past the end returned instead of raising CorruptRecordError")
+
+    def test_close_reopens(self, tmp_path: Path) -> None:
+        reader, data = self.reader_and_data(tmp_path)
+        reader.close()
+        reader.open()
+        reader.open()
+        self.check_runs(reader, data)
+        reader.close()
+        reader.close()
+        self.check_runs(reader, data, seed=3)
+        reader.close()
+
+    def test_threads(self, tmp_path: Path) -> None:
+        reader, data = self.reader_and_data(tmp_path)
+        reader.open()
+        errors: list[BaseException] = []
+
+        def work(seed: int) -> None:
+            try:
+                for k in range(5):
+                    self.check_runs(reader, data, seed=seed * 10 + k)
+            except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(j,)) for j in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        reader.close()
+        if errors:
+            raise errors[0]
+
+    def test_pickle(self, tmp_path: Path) -> None:
+        if not self.picklable:
+            return
+        reader, data = self.reader_and_data(tmp_path)
+        reader.open()
+        copy_ = pickle.loads(pickle.dumps(reader))
+        self.check_runs(copy_, data)
+        copy_.close()
+        self.check_runs(reader, data)  # the original's descriptor is its own
+        reader.close()
+
+    def test_after_fork(self, tmp_path: Path) -> None:
+        reader, data = self.reader_and_data(tmp_path)
+        forks = reader.survives_fork if self.reads_after_fork is None else self.reads_after_fork
+        if not forks or not hasattr(os, "fork"):
+            return
+        reader.open()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report, never return into pytest
+            code = 1
+            try:
+                self.check_runs(reader, data, seed=5)
+                reader.close()
+                code = 0
+            finally:
+                os.write(w, bytes([code]))
+                os._exit(code)
+        os.close(w)
+        got = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert got == b"\x00", "the reader failed in a forked child"
+        self.check_runs(reader, data)  # the child's close left the parent's descriptor open
+        reader.close()

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import os
-import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -31,10 +29,13 @@ import numpy as np
 
 from h5store.access import FeatureView, GroupView, IdsView
 from h5store.errors import FormatError, H5StoreError, NotFound, ReadOnlyError, SchemaError, WriteError
+from h5store.follow import follow
+from h5store.format import check_root, init_root
+from h5store.groups import GroupStore, Tables
 from h5store.handle import FileHandle
 from h5store.schema import Feature, Schema
+from h5store.schema_merge import check_names, merge, with_fixed, with_learned
 from h5store.serving import api as _serving_api
-from h5store.storage import GroupStore, Tables, check_root, init_root
 
 __all__ = ["TypedFile", "open"]
 
@@ -57,51 +58,6 @@ def _version() -> str:
     from h5store import __version__
 
     return __version__
-
-
-def _check_names(cls: type) -> None:
-    """Refuse feature and group names that would hide a member of the file or its views.
-
-    ``path = h5s.Array()`` would make opening recurse, ``close`` would break ``f.close()``,
-    ``mode`` would be silently hidden: such a class fails when it is defined.
-    """
-    file_members = set(dir(TypedFile)) | {"report"}  # ``create`` sets ``f.report``
-    group_members = set(dir(GroupView)) | {"name", "store", "features"}  # set in GroupView.__init__
-    problems = []
-    for gname, feats in cls.schema.groups.items():  # type: ignore[attr-defined]
-        if gname and gname in file_members:
-            problems.append(f"{cls.__name__}.{gname}: the group name hides TypedFile.{gname}")
-        for name in feats:
-            where = f"{cls.__name__}.{gname + '.' if gname else ''}{name}"
-            if not gname and name in file_members:
-                problems.append(f"{where}: the feature name hides TypedFile.{name}")
-            elif gname and name in group_members:
-                problems.append(f"{where}: the feature name hides the group view's {name!r}")
-    if problems:
-        raise SchemaError("; ".join(problems) + " (rename the feature; reserved names are listed in docs/guide.md)")
-
-
-def _merge_undeclared(stored: Feature, declared: Feature, where: str, cls_name: str, writable: bool) -> Feature:
-    """The feature an open file uses when the stored or the declared one leaves dtype or shape
-    to the first item: declared parts must agree with the stored ones, undeclared ones fit any."""
-    if stored.is_fixed:
-        spec = stored.spec()
-        if declared.conflict(spec):
-            raise SchemaError(
-                f"{where}: stored as {spec.dtype} {spec.shape} ({spec.layout}), but {cls_name} declares "
-                f"{declared.describe_storage()}; open it with the class it was written with, or with "
-                "h5store.open(), which reads the schema stored in the file")
-        # What the first item fixed stays; the class's own type decodes (when it differs).
-        return (stored if type(stored) is type(declared) else declared).fixed_as(spec, by_first_item=declared)
-    for part in ("dtype", "shape"):
-        mine, theirs = getattr(declared, part), getattr(stored, part)
-        if mine is not None and theirs is not None and mine != theirs:
-            raise SchemaError(f"{where}: stored with {part}={theirs!r} (no item yet), but {cls_name} declares "
-                              f"{part}={mine!r}; open it with the class it was written with, or with h5store.open()")
-    if not writable:
-        return stored  # no item, no column: an empty feature until a writer stores the first item
-    return dataclasses.replace(declared, dtype=declared.dtype if declared.dtype is not None else stored.dtype,
-                               shape=declared.shape if declared.shape is not None else stored.shape)
 
 
 class TypedFile:
@@ -153,7 +109,7 @@ class TypedFile:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.schema = Schema.collect(cls)
-        _check_names(cls)
+        check_names(cls, set(dir(TypedFile)) | {"report"})  # ``create`` sets ``f.report``
 
     def __init__(self, path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = False,
                  allow_external: bool = False, **options: Any) -> None:
@@ -232,7 +188,7 @@ class TypedFile:
                 stored = Schema.from_dict(check_root(f, path))
             except SchemaError as e:
                 raise FormatError(f"{path}: {e}") from None
-            self._schema = self._merge(stored, declared, path, h.writable)
+            self._schema = merge(stored, declared, path, h.writable)
             if h.writable and self._schema.to_dict()["groups"] != stored.to_dict()["groups"]:
                 init_root(f, self._schema.to_dict(), _version())
             if not self._untrusted:
@@ -242,45 +198,6 @@ class TypedFile:
                 check_local(f, path, self._schema.groups, getattr(self, "_allow_external", False))
         self._pid = os.getpid()
 
-    @staticmethod
-    def _merge(stored: Schema, declared: Schema, path: str, writable: bool) -> Schema:
-        groups = {g: dict(feats) for g, feats in stored.groups.items()}
-        missing = []
-        for g, feats in declared.groups.items():
-            have = groups.setdefault(g, {})
-            for name, feat in feats.items():
-                where = f"{path}:/{g + '/' if g else ''}{name}"
-                if name in have and not (have[name].is_fixed and feat.is_fixed):
-                    # An undeclared dtype or shape (h5s.Array()) on either side.
-                    have[name] = _merge_undeclared(have[name], feat, where, declared.name, writable)
-                    continue
-                if name in have:
-                    a, b = have[name].spec(), feat.spec()
-                    if (a.dtype, a.shape, a.layout) != (b.dtype, b.shape, b.layout):
-                        # Name the parameters behind the difference (n_mels=80 stored, 40 declared).
-                        old, new = have[name].params(), feat.params()
-                        diff = [f"{k}={old[k]!r} stored, {new[k]!r} declared" for k in new
-                                if k in old and k not in ("shape", "pattern") and old[k] != new[k]]
-                        raise SchemaError(
-                            f"{where}: stored as {a.dtype} {a.shape} ({a.layout}), "
-                            f"but {declared.name} declares {b.dtype} {b.shape} ({b.layout})"
-                            + (f" ({'; '.join(diff)})" if diff else "")
-                            + f"; open it with the class it was written with, or with h5store.open({path!r}), "
-                            "which reads the schema stored in the file"
-                        )
-                elif not writable:
-                    missing.append(where)
-                if name not in have or type(have[name]) is not type(feat):
-                    # The stored feature holds what was learned at create (a label
-                    # vocabulary); the class's own is used for features new to the file.
-                    have[name] = feat
-        if missing:
-            raise SchemaError(
-                f"{', '.join(missing)}: declared by {declared.name} but not in the file; "
-                "open with mode='a' to add the feature"
-            )
-        return Schema(declared.name if declared.name != "TypedFile" else stored.name, groups)
-
     def _learn(self, features: Mapping[str, Feature]) -> None:
         """Replace root features by versions holding learned parameters (ingest's prepare).
 
@@ -288,22 +205,13 @@ class TypedFile:
         """
         self._need_writable()
         self._ensure_open()
-        root = dict(self._schema.groups[""])
-        for name, feat in features.items():
-            old = root.get(name)
-            if old is not None and old.is_fixed and not feat.is_fixed:
-                feat = feat.fixed_as(old.spec())  # the file's first item fixed it already
-            if old is not None and old.is_fixed and old.spec() != feat.spec():
-                raise SchemaError(f"{self.path}:/{name}: prepare() changed how the feature is stored")
-            root[name] = feat
-        self._schema = Schema(self._schema.name, {**self._schema.groups, "": root})
+        self._schema = with_learned(self._schema, features, self.path)
         self._groups.pop("", None)
         init_root(self._handle.file, self._schema.to_dict(), _version())
 
     def _fixed(self, group: str, features: Mapping[str, Feature]) -> None:
         """Record in the file's schema what first items fixed (called by the group's view)."""
-        feats = {**self._schema.groups[group], **features}
-        self._schema = Schema(self._schema.name, {**self._schema.groups, group: feats})
+        self._schema = with_fixed(self._schema, group, features)
         init_root(self._handle.file, self._schema.to_dict(), _version())
 
     # -- pickling: the recipe ------------------------------------------------
@@ -539,7 +447,7 @@ class TypedFile:
                 n = len(refs)
             else:
                 with contextlib.suppress(Exception):
-                    n = int(view.store._ids._index_ds.shape[0])
+                    n = view.store.stored_ids
             self._committed[name] = n
 
     def _kept(self) -> str:
@@ -623,24 +531,7 @@ class TypedFile:
         >>> for id in log.tail(timeout=60):  # doctest: +SKIP
         ...     print(id, log.loss[id])
         """
-        if self.writable:
-            raise ReadOnlyError(f"{self.path}: tail() follows a writer from a read-only open (mode 'r')")
-        seen = len(self.group(group)) if start is None else start
-        quiet_since = time.monotonic()
-        while True:
-            if self.changed():
-                self.refresh()
-            ids = self.group(group).ids
-            n = len(ids)
-            if n > seen:
-                for i in range(seen, n):
-                    yield ids[i]
-                seen = n
-                quiet_since = time.monotonic()
-            elif timeout is not None and time.monotonic() - quiet_since > timeout:
-                return
-            else:
-                time.sleep(poll)
+        return follow(self, start, timeout, poll, group)  # a generator: errors come at the first next()
 
     def __enter__(self) -> TypedFile:
         return self

@@ -224,7 +224,7 @@ def test_tail_of_a_writable_file_is_refused(tmp_path):
 
 
 def test_a_reader_waits_for_a_commit_in_progress_at_most_lock_timeout(tmp_path):
-    from h5store.journal import CommitLock
+    from h5store.commit_lock import CommitLock
 
     path = tmp_path / "live.h5"
     make_file(path, 5)

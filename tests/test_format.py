@@ -246,3 +246,55 @@ def test_missing_group_or_feature_in_the_file(full_file: Path) -> None:
             f.mel[0]
         with pytest.raises(FormatError, match="no column 'note'"):
             f.logs.loss[0]
+
+
+# ----------------------------------------------------------------------------- h5store.format
+def test_the_format_module_names_what_the_doc_names(full_file: Path) -> None:
+    """Names and attributes come from h5store.format: a file h5store wrote uses exactly those."""
+    from h5store import format as fmt
+
+    doc = FORMAT_DOC.read_text()
+    for name in (fmt.ATTR_FORMAT, fmt.ATTR_SCHEMA, fmt.ATTR_SCHEMA_CRC, fmt.ATTR_COLUMN, *fmt.COLUMN_DATASETS):
+        assert name in doc, name
+    with h5py.File(full_file, "r") as f:
+        assert int(f.attrs[fmt.ATTR_FORMAT]) == fmt.FORMAT_VERSION
+        assert fmt.check_root(f, str(full_file)) == json.loads(f.attrs[fmt.ATTR_SCHEMA])
+        ids = f[fmt.IDS]
+        assert set(ids) == {fmt.DATA, fmt.INDEX, fmt.CHECKSUM}
+        assert fmt.ColumnSpec.from_dict(json.loads(ids.attrs[fmt.ATTR_COLUMN])) == fmt.IDS_SPEC
+        assert ids[fmt.DATA].dtype == fmt.IDS_SPEC.np_dtype
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_bad_ranges_is_the_index_rule(fixed: bool) -> None:
+    from h5store.format import ABSENT, bad_ranges
+
+    rng = np.random.default_rng(3)
+    limit = 20
+    r = rng.integers(-3, 25, (500, 2))
+    r[::7] = ABSENT
+    r[1::11] = [ABSENT, 4]  # half absent: damage, not an absent item
+    got = bad_ranges(r, limit, fixed=fixed)
+    for (s, e), bad in zip(r.tolist(), got.tolist()):
+        absent = s == e == ABSENT
+        ok = absent or (0 <= s <= e <= limit and (not fixed or e - s == 1))
+        assert bad == (not ok), (s, e)
+    assert bad_ranges(np.zeros((0, 2), np.int64), 0).shape == (0,)
+
+
+def test_check_root_version_rules(tmp_path: Path) -> None:
+    from h5store.format import ATTR_FORMAT, FORMAT_VERSION, check_root, init_root
+
+    path = tmp_path / "v.h5"
+    with h5py.File(path, "w") as f:
+        init_root(f, {"class": "T", "groups": {"": {}}}, "test")
+        assert check_root(f, str(path)) == {"class": "T", "groups": {"": {}}}
+        f.attrs[ATTR_FORMAT] = FORMAT_VERSION + 1
+        with pytest.raises(FormatError, match="newer than this library reads"):
+            check_root(f, str(path))
+        f.attrs[ATTR_FORMAT] = 0
+        with pytest.raises(FormatError, match="invalid h5store format version 0"):
+            check_root(f, str(path))
+        del f.attrs[ATTR_FORMAT]
+        with pytest.raises(FormatError, match="not an h5store file"):
+            check_root(f, str(path))

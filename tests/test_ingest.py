@@ -247,10 +247,10 @@ def test_merge_shards_equals_one_create(tmp_path):
 def test_a_lost_worker_result_file_fails_its_sources_only(tmp_path, monkeypatch):
     """Workers hand arrays over through /dev/shm files; one that vanished (or was cut) before
     the writer read it fails its sources, named, before any of their ids is added."""
-    from h5store import ingest
+    from h5store import ingest_workers
 
     expected = write_corpus(tmp_path / "src", n=40)
-    real = ingest._Spooled.check
+    real = ingest_workers.Spooled.check
     calls = []
 
     def first_is_lost(self):
@@ -259,7 +259,7 @@ def test_a_lost_worker_result_file_fails_its_sources_only(tmp_path, monkeypatch)
             os.truncate(self.path, 0)  # as if something cut the file
         return real(self)
 
-    monkeypatch.setattr(ingest._Spooled, "check", first_is_lost)
+    monkeypatch.setattr(ingest_workers.Spooled, "check", first_is_lost)
     with Nums.create(tmp_path / "out.h5", tmp_path / "src", n_workers=2, progress=False) as f:
         lost = {x.id for x in f.report.failures}
         assert calls, "the spool path was not used"

@@ -362,22 +362,6 @@ def test_a_file_given_twice_is_one_source(tmp_path):
         assert f.report.ok and f.report.n_sources == 4 and sorted(f.ids) == sorted(expected)
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A real 2 MiB tmpfs, unmounted after the test."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip() or 'mount failed'})")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 def test_append_on_a_full_disk_leaves_the_file_and_no_half_copy(tmp_path, small_disk):
     """The copy an append works on does not fit: one error naming the file, nothing left behind."""
     src = tmp_path / "src"

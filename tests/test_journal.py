@@ -15,14 +15,15 @@ import h5py
 import numpy as np
 import pytest
 
-from h5store.journal import JournaledFile, has_hot_journal, journal_path, rollback
+from h5store.fileobj import JournaledFile
+from h5store.journal import has_hot_journal, journal_path, rollback
 
 ROOT = Path(__file__).resolve().parents[1]
 
 WRITER = textwrap.dedent("""
     import sys, h5py, numpy as np
     sys.path.insert(0, {root!r})
-    from h5store.journal import JournaledFile
+    from h5store.fileobj import JournaledFile
     jf = JournaledFile({path!r})
     f = h5py.File(jf, "r+")
     d = f["d"]

@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from h5store.layout import ReadPlan, count_windows, gather, grow_capacity, locate_windows, plan_reads
+from h5store.layout import (
+    ReadPlan,
+    byte_offsets,
+    count_windows,
+    gather,
+    grow_capacity,
+    locate_windows,
+    piece_spans,
+    plan_reads,
+)
 
 SIZE = 60  # rows in the test "dataset": small, so ranges repeat and overlap often
 
@@ -169,3 +178,85 @@ def test_grow_capacity_resizes_logarithmically() -> None:
         resizes += new != cap
         cap = new
     assert resizes <= 14  # 16 * 2**13 > 100_000
+
+
+# ----------------------------------------------------------------------------- rows to bytes
+@st.composite
+def pieces(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """A dataset stored as pieces (chunks at arbitrary, non-overlapping byte offsets, or one piece):
+    (piece starts, piece byte offsets, rows per piece, bytes per row, rows)."""
+    rows = draw(st.integers(1, 80))
+    row_nbytes = draw(st.integers(1, 16))
+    if draw(st.booleans()):  # contiguous: one piece of every row
+        return np.zeros(1, np.int64), np.array([draw(st.integers(0, 4096))], np.int64), rows, row_nbytes, rows
+    per = draw(st.integers(1, 20))
+    n = -(-rows // per)
+    order = draw(st.permutations(range(n)))  # chunks anywhere in the file, in any order
+    gaps = draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
+    offsets = np.zeros(n, np.int64)
+    at = draw(st.integers(0, 1000))
+    for slot, p in enumerate(order):
+        at += gaps[slot]
+        offsets[p] = at
+        at += per * row_nbytes
+    return np.arange(0, rows, per, dtype=np.int64), offsets, per, row_nbytes, rows
+
+
+def byte_of_row(starts: np.ndarray, offsets: np.ndarray, per: int, rb: int, row: int) -> int:
+    """Brute force: the piece holding ``row`` by a linear scan."""
+    p = max(k for k in range(len(starts)) if starts[k] <= row)
+    assert row < starts[p] + per
+    return int(offsets[p]) + (row - int(starts[p])) * rb
+
+
+@given(pieces(), st.data())
+@settings(max_examples=200, deadline=None)
+def test_piece_spans_tile_the_range_inside_pieces(layout: tuple, data: st.DataObject) -> None:
+    starts, _, per, _, rows = layout
+    a = data.draw(st.integers(0, rows))
+    b = data.draw(st.integers(a, rows))
+    by_table = piece_spans(a, b, per, starts)
+    assert by_table == piece_spans(a, b, per) or len(starts) == 1  # a table of a regular grid: the grid's spans
+    got = [r for _, first, stop in by_table for r in range(first, stop)]
+    assert got == list(range(a, b))  # the spans join into [a, b), in order
+    for p, first, stop in by_table:
+        assert first < stop
+        assert int(starts[p]) <= first and stop <= int(starts[p]) + per  # inside its piece
+
+
+@given(pieces(), st.data())
+@settings(max_examples=200, deadline=None)
+def test_byte_offsets_match_a_linear_scan(layout: tuple, data: st.DataObject) -> None:
+    starts, offsets, per, rb, rows = layout
+    k = data.draw(st.integers(0, 12))
+    s = np.array(data.draw(st.lists(st.integers(0, rows - 1), min_size=k, max_size=k)), np.int64)
+    c = np.array([data.draw(st.integers(0, rows - int(x))) for x in s], np.int64)
+    byte, inside = byte_offsets(starts, offsets, per, rb, s, c)
+    for j in range(k):
+        row = int(s[j])
+        assert int(byte[j]) == byte_of_row(starts, offsets, per, rb, row)
+        p = max(q for q in range(len(starts)) if starts[q] <= row)
+        assert bool(inside[j]) == (row + int(c[j]) <= int(starts[p]) + per)
+        # Rows of a range inside its piece are consecutive bytes from there.
+        if inside[j] and c[j]:
+            last = row + int(c[j]) - 1
+            assert byte_of_row(starts, offsets, per, rb, last) == int(byte[j]) + (last - row) * rb
+
+
+@given(pieces(), st.data())
+@settings(max_examples=200, deadline=None)
+def test_piece_spans_and_byte_offsets_agree(layout: tuple, data: st.DataObject) -> None:
+    starts, offsets, per, rb, rows = layout
+    a = data.draw(st.integers(0, rows))
+    b = data.draw(st.integers(a, rows))
+    for p, first, stop in piece_spans(a, b, per, starts):
+        byte, inside = byte_offsets(starts, offsets, per, rb, np.array([first]), np.array([stop - first]))
+        assert bool(inside[0])
+        assert int(byte[0]) == int(offsets[p]) + (first - int(starts[p])) * rb
+
+
+def test_piece_spans_examples() -> None:
+    assert piece_spans(0, 0, 4) == []
+    assert piece_spans(4, 8, 4) == [(1, 4, 8)]
+    assert piece_spans(2, 9, 100, np.array([0])) == [(0, 2, 9)]
+    assert piece_spans(5, 14, 4, np.array([0, 4, 8, 12])) == [(1, 5, 8), (2, 8, 12), (3, 12, 14)]

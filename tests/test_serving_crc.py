@@ -12,6 +12,7 @@ only and says that item data was not read.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -63,6 +64,25 @@ def damaged(clean: Path) -> Path:
     return path
 
 
+def drain(loader) -> None:
+    """Iterate a loader to its end, shutting its workers down before an error leaves here.
+
+    A DataLoader iterator abandoned in an exception's traceback is torn down by a later garbage
+    collection, in whatever test runs then; under spawn, torch's teardown of a worker still
+    starting reports "worker exited unexpectedly" from there. Shut down here, deterministically.
+    """
+    it = iter(loader)
+    try:
+        for _ in it:
+            pass
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            with contextlib.suppress(RuntimeError):  # a spawn worker torn down while it started
+                shutdown()
+        del it
+
+
 def names_it(e: pytest.ExceptionInfo, path: Path, feature: str = "mel", position: int = BAD) -> None:
     text = str(e.value)
     assert str(path) in text and f"/{feature}" in text and f"id{position:05d}" in text, text
@@ -74,8 +94,7 @@ def test_serve_raises_naming_file_feature_and_id(damaged, method):
     f = Speech(damaged)
     loader = f.serve(BATCH, batch_size=8, num_workers=2, multiprocessing_context=method)
     with pytest.raises(CorruptRecordError) as e:
-        for _ in loader:
-            pass
+        drain(loader)
     names_it(e, damaged)
 
 
@@ -83,8 +102,7 @@ def test_a_window_of_a_damaged_item_raises(damaged):
     pytest.importorskip("torch")
     loader = Speech(damaged).serve(dict(x=h5s.Window("mel", 2)), batch_size=8)
     with pytest.raises(CorruptRecordError) as e:
-        for _ in loader:
-            pass
+        drain(loader)
     names_it(e, damaged)
 
 
@@ -94,8 +112,7 @@ def test_a_damaged_label_raises(clean, tmp_path):
     shutil.copy(clean, path)
     flip(path, "label", 3)
     with pytest.raises(CorruptRecordError) as e:
-        for _ in Speech(path).serve(BATCH, batch_size=8):
-            pass
+        drain(Speech(path).serve(BATCH, batch_size=8))
     names_it(e, path, "label", 3)
 
 

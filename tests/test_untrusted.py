@@ -30,11 +30,11 @@ from h5store.safety import (
     H5StoreSecurityWarning,
     Limits,
     Superblock,
-    _lookup3,
     check_untrusted,
     hdf5_advisories,
     read_superblock,
 )
+from h5store.superblock import _lookup3
 from tests.test_integrity import make_store
 
 SECRET = b"AWS_SECRET_ACCESS_KEY=hunter2-do-not-leak;" * 40

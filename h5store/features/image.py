@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from h5store.errors import SchemaError, SourceError
-from h5store.features.audio import check_file
+from h5store.features.audio_file import check_file
 from h5store.schema import Feature
 
 __all__ = ["FRAME_PATTERN", "IMAGE_PATTERN", "EncodedFrames", "EncodedImage"]

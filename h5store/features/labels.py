@@ -19,7 +19,7 @@ import numpy as np
 
 from h5store.errors import SourceError
 from h5store.features.array import Text
-from h5store.features.audio import AUDIO_PATTERN
+from h5store.features.audio_file import AUDIO_PATTERN
 from h5store.schema import Feature
 
 __all__ = ["CSVColumn", "DirLabel"]

@@ -7,14 +7,13 @@ into one batch buffer. Index tables are numpy arrays built once in the main proc
 forked workers share them and spawned ones receive them pickled; the files themselves
 are pickled as their recipe and reopened read-only, lazily, in each process.
 
-:func:`concat` joins several files with the same served features into one
-:class:`MultiFile`: global position ``p`` is row ``p - starts[k]`` of file ``k``, found
-with ``np.searchsorted`` over the cumulative sizes.
+Several files (a :func:`~h5store.serving.multifile.concat`, re-exported here) are served as
+one: global position ``p`` is row ``p - starts[k]`` of file ``k``, found with
+``np.searchsorted`` over the cumulative sizes.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -23,159 +22,20 @@ from typing import Any
 import numpy as np
 
 from h5store.checksum import crc32
+from h5store.column import Column
 from h5store.errors import CorruptRecordError, NotFound, SchemaError
-from h5store.layout import ReadPlan, plan_reads
+from h5store.format import ABSENT, ColumnSpec
+from h5store.readers import copy_dataset, read_whole
 from h5store.schema import Feature
-from h5store.serving import api as _api
+from h5store.serving.multifile import MultiFile, check_compatible, concat, feature_identity, reader_copy
 from h5store.serving.shared import SharedArray
-from h5store.storage import ABSENT, ChunkReader, Column, ColumnSpec, DirectReader, H5Reader, MemoryReader, read_whole
 
 __all__ = ["FileSet", "MultiFile", "check_compatible", "concat"]
 
 _I64 = np.int64
-
-# Feature parameters that say how bytes are stored, not what they mean: files may differ.
-_STORAGE_PARAMS = frozenset({"compression", "compression_opts", "shuffle", "chunk_rows", "attrs", "pattern", "finite"})
 # Fixed-shape columns up to this size (labels, scores) are read whole once per process:
 # a batch of them is then one fancy index instead of one read call per item.
 _SMALL_BYTES = 8 << 20
-
-
-def reader_copy(f: Any) -> Any:
-    """A read-only, not yet opened copy of a TypedFile: its pickled recipe, rebuilt here."""
-    clone = type(f).__new__(type(f))
-    clone.__setstate__(f.__getstate__())
-    return clone
-
-
-class MultiFile:
-    """Several files with the same schema, served as one (positions run across files).
-
-    Made by :func:`concat`. Served with the same methods as a TypedFile: ``.serve(...)``,
-    ``.iter_batches(...)``, ``.to_tf_dataset(...)``; also by
-    :class:`~h5store.serving.FileDataset` and the getters' reads.
-
-    Examples
-    --------
-    >>> shards = h5s.concat(["a.h5", "b.h5"])  # doctest: +SKIP
-    >>> loader = shards.serve(dict(x=h5s.Item("mel"), id=h5s.Id()), batch_size=16)  # doctest: +SKIP
-    """
-
-    def __init__(self, files: Sequence[Any]) -> None:
-        if isinstance(files, (str, os.PathLike)) or callable(getattr(files, "group", None)):
-            raise TypeError(f"concat takes a list of files or paths, got {files!r}: h5s.concat([a, b])")
-        flat: list[Any] = []
-        for f in files:
-            if isinstance(f, MultiFile):
-                flat.extend(f.files)
-            elif isinstance(f, (str, os.PathLike)):
-                flat.append(_open_path(f))
-            elif not callable(getattr(f, "group", None)):
-                raise TypeError(f"concat takes paths or h5store files (TypedFile), got {type(f).__name__}: {f!r}")
-            else:
-                flat.append(f)
-        if not flat:
-            raise ValueError("concat needs at least one file")
-        if len(flat) > 1:
-            check_compatible(flat)
-        self.files = flat
-
-    @property
-    def paths(self) -> list[str]:
-        return [f.path for f in self.files]
-
-    def sizes(self, group: str = "") -> np.ndarray:
-        """Ids per file in ``group``."""
-        return np.array([len(f.group(group)) for f in self.files], dtype=_I64)
-
-    def __len__(self) -> int:
-        return int(self.sizes().sum())
-
-    # One spelling per framework, the same as TypedFile's (h5store.serving.api).
-    serve = _api.serve
-    iter_batches = _api.iter_batches
-    to_tf_dataset = _api.to_tf_dataset
-
-    def __repr__(self) -> str:
-        return f"<MultiFile of {len(self.files)} files: {self.paths[:3]}{' ...' if len(self.files) > 3 else ''}>"
-
-
-def _open_path(path: str | os.PathLike[str]) -> Any:
-    """``h5store.open(path)``: read-only, its schema from the file (checked by concat now)."""
-    # The façade sits above serving in the layers; importing any h5store module has
-    # imported it by the time this runs, so it is looked up rather than imported here.
-    return importlib.import_module("h5store.typed_file").open(path)
-
-
-def _shown(value: Any) -> Any:
-    return tuple(_shown(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-def check_compatible(files: Sequence[Any]) -> None:
-    """Raise :class:`~h5store.errors.SchemaError` unless every file has the features of the first,
-    with the same type and parameters (dtype, shape, layout, learned ones such as a label's
-    classes); how they are stored (compression, chunks) may differ.
-
-    Examples
-    --------
-    >>> check_compatible([Speech("a.h5"), Speech("b.h5")])  # doctest: +SKIP
-    """
-    first = files[0]
-    ref = first.file_schema.groups
-    for f in files[1:]:
-        groups = f.file_schema.groups
-        for g in sorted(set(ref) | set(groups)):
-            mine, theirs = ref.get(g, {}), groups.get(g, {})
-            for name in sorted(set(mine) | set(theirs)):
-                if name not in theirs or name not in mine:
-                    lacks, has = (f, first) if name not in theirs else (first, f)
-                    raise SchemaError(
-                        f"concat: {lacks.path} lacks the feature {_ref(g, name)!r} that {has.path} has; "
-                        "concat files of one schema (or serve each file on its own)"
-                    )
-                a, b = mine[name], theirs[name]
-                diff = _difference(a, b)
-                if diff is not None:
-                    param, va, vb = diff
-                    raise SchemaError(
-                        f"concat: feature {_ref(g, name)!r}: {param} is {va!r} in {first.path} but {vb!r} in "
-                        f"{f.path}; concat files whose features agree (type, dtype, shape, parameters such as "
-                        "a label's classes; compression may differ)"
-                    )
-
-
-def _ref(group: str, name: str) -> str:
-    return f"{group}/{name}" if group else name
-
-
-def _difference(a: Feature, b: Feature) -> tuple[str, Any, Any] | None:
-    """The first parameter that differs between two features (storage parameters aside)."""
-    if a.type_name != b.type_name:
-        return "the type", a.type_name, b.type_name
-    pa, pb = a.params(), b.params()
-    for key in sorted((set(pa) | set(pb)) - _STORAGE_PARAMS):
-        if _shown(pa.get(key)) != _shown(pb.get(key)):
-            return key, _shown(pa.get(key)), _shown(pb.get(key))
-    return None
-
-
-def concat(files: Sequence[Any]) -> MultiFile:
-    """Serve several files (paths or open files) as one: positions run through the files in order.
-
-    The files are checked now: every file must have the features of the first with the same
-    type, dtype, shape and parameters (learned ones too, such as a label's classes;
-    compression may differ), or a :class:`~h5store.errors.SchemaError` names the file, the
-    feature and the difference. Paths are opened read-only (``h5store.open``). Each file is
-    then opened once per worker process, lazily. ``h5s.Id()`` over a concat gives
-    ``"path::id"``: ids alone may repeat across files.
-
-    Examples
-    --------
-    >>> import h5store as h5s
-    >>> shards = h5s.concat(sorted(glob("shards/*.h5")))  # doctest: +SKIP
-    >>> loader = shards.serve(dict(x=h5s.Window("mel", 64)), batch_size=32, shuffle=True)  # doctest: +SKIP
-    """
-    return MultiFile(files)
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -224,14 +84,12 @@ class FileSet:
         self._lengths: dict[str, np.ndarray] = {}
         self._shared: dict[tuple[int, str], SharedArray] = {}
         self._cols: dict[tuple[int, str], Column] = {}
-        self._fds: dict[int, int] = {}
         self._pid = os.getpid()
         self.alloc = np.empty
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_cols"] = {}
-        state["_fds"] = {}
         state["alloc"] = None
         state["_origin"] = [None] * len(self.files)  # tables travel as numpy, never a file
         state.pop("_local", None)
@@ -278,9 +136,9 @@ class FileSet:
                                       "shape are fixed by the first item stored): nothing to serve")
                 found.append(feats[name])
             feat = found[0]
-            key = _identity(feat)
+            key = feature_identity(feat)
             for f, other in zip(self.files[1:], found[1:]):
-                if _identity(other) != key:
+                if feature_identity(other) != key:
                     raise SchemaError(
                         f"concat: feature {name!r} differs between {self.files[0].path} ({feat!r}) "
                         f"and {f.path} ({other!r}); served features must agree in every file"
@@ -302,8 +160,7 @@ class FileSet:
         """The storage column of feature ``name`` in file ``k``, opened in this process."""
         pid = os.getpid()
         if pid != self._pid:
-            self._cols = {}
-            self._fds = {}  # the parent's descriptors: not ours to close
+            self._cols = {}  # the parent's columns (and descriptors): not ours
             self._pid = pid
         col = self._cols.get((k, name))
         if col is None:
@@ -321,20 +178,27 @@ class FileSet:
             self._cols[(k, name)] = col
         return col
 
-    def _fd(self, k: int, path: str) -> int:
-        fd = self._fds.get(k)
-        if fd is None:
-            fd = self._fds[k] = os.open(path, os.O_RDONLY)
-        return fd
+    def open_readers(self, names: Sequence[str]) -> None:
+        """Open, in this thread, everything reading ``names`` needs (tables, readers, descriptors):
+        threads that share this FileSet afterwards only read."""
+        for name in names:
+            self.feature(name)
+            self.spec(name)
+            self.lengths(name)
+            for k in range(len(self.files)):
+                col = self.column(k, name)
+                col.checksums  # noqa: B018 - loads the table now, not in a reader thread
+                if col.spec.layout == "blobs":
+                    col.frames  # noqa: B018 - idem
+                col.reader().open()
 
     def close(self) -> None:
         """Close this process's descriptors and handles (they reopen on the next read)."""
         if self._pid == os.getpid():
-            for fd in self._fds.values():
-                os.close(fd)
+            for col in self._cols.values():
+                col.close_reader()
             for f in self.files:
                 f.close()
-        self._fds = {}
         self._cols = {}
 
     def _table(self, k: int, name: str, what: str) -> np.ndarray:
@@ -362,23 +226,21 @@ class FileSet:
                 self.checksums(name)
                 self._done(name)
 
+    def _joined(self, cache: dict[str, np.ndarray], name: str, what: str) -> np.ndarray:
+        """Table ``what`` of every file, joined (global positions), loaded once."""
+        table = cache.get(name)
+        if table is None:
+            parts = [self._table(k, name, what) for k in range(len(self.files))]
+            table = cache[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return table
+
     def index(self, name: str) -> np.ndarray:
         """``(N, 2)`` ``[start, stop)`` rows of each item in its own file's data (global positions)."""
-        idx = self._index.get(name)
-        if idx is None:
-            parts = [self._table(k, name, "index") for k in range(len(self.files))]
-            idx = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            self._index[name] = idx
-        return idx
+        return self._joined(self._index, name, "index")
 
     def checksums(self, name: str) -> np.ndarray:
         """The stored CRC-32 of every item (global positions), of the served snapshot."""
-        crc = self._crc.get(name)
-        if crc is None:
-            parts = [self._table(k, name, "checksums") for k in range(len(self.files))]
-            crc = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            self._crc[name] = crc
-        return crc
+        return self._joined(self._crc, name, "checksums")
 
     def lengths(self, name: str) -> np.ndarray:
         """Rows per item (blobs per item for "blobs" features); 0 where absent."""
@@ -423,7 +285,7 @@ class FileSet:
             col = self.column(k, name)
             with col.reading():
                 ds = col.data
-                shared = SharedArray(ds.shape, ds.dtype, lambda out, ds=ds, col=col: _copy_dataset(ds, out, col.path, col.where))
+                shared = SharedArray(ds.shape, ds.dtype, lambda out, ds=ds, col=col: copy_dataset(ds, out, col.path, col.where))
             self._shared[(k, name)] = shared
             self.column(k, name).use_memory(shared.array)
 
@@ -441,19 +303,6 @@ class FileSet:
         for kk in np.unique(k).tolist():
             yield kk, np.flatnonzero(k == kk)
 
-    def _read(self, k: int, name: str, starts: np.ndarray, stops: np.ndarray) -> tuple[ReadPlan, np.ndarray]:
-        col = self.column(k, name)
-        reader = col.reader()
-        # Through HDF5 each call costs ~20 us: merge runs separated by < 64 KiB of rows.
-        gap = max(0, (64 << 10) // max(col.spec.row_nbytes, 1)) if isinstance(reader, H5Reader) else 0
-        plan = plan_reads(starts, stops, max_gap=gap)
-        if getattr(reader, "stable", False):
-            return plan, reader.read_runs(plan)
-        # HDF5 reads metadata and chunk addresses: under the commit lock, through the
-        # dataset of the current open (rebound after a commit reopened the file).
-        with col.reading():
-            return plan, col.reader().read_runs(plan)
-
     def read_padded(self, name: str, items: np.ndarray, first: np.ndarray | int, count: np.ndarray,
                     width: int) -> np.ndarray:
         """Rows ``[first, first + count)`` of each item, zero-padded to ``width`` rows.
@@ -470,18 +319,8 @@ class FileSet:
         starts = idx[items, 0] + first
         for k, sel in self._parts(items):
             dest = np.arange(b, dtype=_I64) if isinstance(sel, slice) else sel
-            s, c = starts[sel], count[sel]
-            reader = self.column(k, name).reader()
-            if isinstance(reader, DirectReader):
-                # Straight from the file into the batch buffer: one copy, no HDF5.
-                _pread_scatter(self._fd(k, reader.path), reader, out, dest, s, c, self.where(name))
-            elif isinstance(reader, MemoryReader):
-                arr = reader.array
-                for j, a, n in zip(dest.tolist(), s.tolist(), c.tolist()):
-                    out[j, :n] = arr[a : a + n]
-            else:
-                plan, buf = self._read(k, name, s, s + c)
-                _scatter(out, dest, buf, plan.offsets, c)
+            # Straight into the batch buffer (from the file with os.preadv where the reader can).
+            self.column(k, name).read_scatter(out, dest, starts[sel], count[sel])
         if self.verify:
             whole = count == self.lengths(name)[items]
             whole &= (first == 0) if isinstance(first, np.ndarray) else int(first) == 0
@@ -507,22 +346,17 @@ class FileSet:
             return out
         rows = self.index(name)[items, 0]
         for k, sel in self._parts(items):
-            r = rows[sel]
-            reader = self.column(k, name).reader()
-            if isinstance(reader, MemoryReader):
-                out[sel] = reader.array[r]
-                if self.verify:  # in memory: each item checked once in this process
-                    mine = items[sel]
-                    done = self._done(name)
-                    for j in np.flatnonzero(~done[mine]).tolist():
-                        self._check(name, int(mine[j]), reader.array[int(r[j])])
-                continue
-            plan, buf = self._read(k, name, r, r + 1)
-            out[sel] = buf[plan.offsets]
+            col = self.column(k, name)
+            got = col.take(rows[sel])
+            out[sel] = got
             if self.verify:
                 mine = items[sel]
-                for j in range(len(mine)):
-                    self._check(name, int(mine[j]), buf[int(plan.offsets[j])])
+                if col.reader().resident:  # in memory: each item checked once in this process
+                    todo = np.flatnonzero(~self._done(name)[mine]).tolist()
+                else:
+                    todo = range(len(mine))
+                for j in todo:
+                    self._check(name, int(mine[j]), got[j])
         return out
 
     def read_items(self, name: str, items: np.ndarray) -> list[Any]:
@@ -631,104 +465,3 @@ def _snapshot_here(f: Any) -> bool:
     handle = getattr(f, "_handle", None)
     return (handle is not None and not handle.writable and getattr(f, "_pid", None) == os.getpid()
             and handle.is_open)
-
-
-def _identity(feat: Feature) -> tuple[str, str]:
-    params = {k: v for k, v in feat.params().items() if k not in _STORAGE_PARAMS}
-    return feat.type_name, repr(sorted(params.items()))
-
-
-def _copy_dataset(ds: Any, out: np.ndarray, path: str | None = None, where: str | None = None) -> None:
-    n = int(ds.shape[0]) if ds.shape else 0
-    row = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize)
-    step = max(1, (64 << 20) // row)
-    # Compressed chunks are decoded by h5store, never past their declared size.
-    chunked = ChunkReader.for_dataset(ds, path, where, cache_bytes=0) if path else None
-    for a in range(0, n, step):
-        b = min(n, a + step)
-        if chunked is not None:
-            out[a:b] = chunked.read_runs(plan_reads(np.array([a]), np.array([b])))
-        else:
-            ds.read_direct(out, np.s_[a:b], np.s_[a:b])
-    if chunked is not None:
-        chunked.close()
-
-
-def _scatter(out: np.ndarray, dest: np.ndarray, buf: np.ndarray, offsets: np.ndarray, counts: np.ndarray) -> None:
-    """``out[dest[j], :counts[j]] = buf[offsets[j]:+counts[j]]``."""
-    for j, o, c in zip(dest.tolist(), offsets.tolist(), counts.tolist()):
-        out[j, :c] = buf[o : o + c]
-
-
-def _pread_scatter(fd: int, reader: DirectReader, out: np.ndarray, dest: np.ndarray, starts: np.ndarray,
-                   counts: np.ndarray, where: str) -> None:
-    """Read rows ``[starts[j], +counts[j])`` of the dataset into ``out[dest[j]]`` with ``os.preadv``.
-
-    Byte offsets come from the reader's piece table (contiguous data is one piece,
-    chunked data one per chunk), vectorised; reads go in file order, and ranges that
-    follow each other on disk share one ``preadv`` call (one iovec per batch slot).
-    """
-    rb = reader.row_nbytes
-    if not rb or not len(dest):
-        return
-    if int((starts + counts).max()) > reader.shape[0]:
-        raise CorruptRecordError(f"{where}: read past the end of the data ({reader.shape[0]} rows)")
-    view = memoryview(out).cast("B")
-    slot = (out.strides[0] if out.ndim > 1 else rb)
-    piece = np.searchsorted(reader.starts, starts, side="right") - 1
-    base = reader.starts[piece]
-    inside = starts + counts <= base + reader.piece_rows
-    byte = reader.offsets[piece] + (starts - base) * rb
-    nbytes = counts * rb
-    order = np.argsort(byte, kind="stable")
-    iov: list[memoryview] = []
-    at = end = -1
-    for j, o, n, ok, s, c in zip(dest[order].tolist(), byte[order].tolist(), nbytes[order].tolist(),
-                                 inside[order].tolist(), starts[order].tolist(), counts[order].tolist()):
-        if not n:
-            continue
-        if not ok:  # the range crosses chunks: read it piece by piece
-            _pread_pieces(fd, reader, view[j * slot : j * slot + n], s, c, where)
-            continue
-        if o != end:
-            if iov:
-                _preadv_all(fd, iov, at, end - at, where)
-            iov, at = [], o
-        iov.append(view[j * slot : j * slot + n])
-        end = o + n
-    if iov:
-        _preadv_all(fd, iov, at, end - at, where)
-
-
-def _pread_pieces(fd: int, reader: DirectReader, dst: memoryview, start: int, count: int, where: str) -> None:
-    rb = reader.row_nbytes
-    a, b, o = start, start + count, 0
-    while a < b:
-        p = int(reader.starts.searchsorted(a, side="right")) - 1
-        first = int(reader.starts[p])
-        stop = min(b, first + reader.piece_rows)
-        n = (stop - a) * rb
-        _preadv_all(fd, [dst[o : o + n]], int(reader.offsets[p]) + (a - first) * rb, n, where)
-        o += n
-        a = stop
-
-
-def _preadv_all(fd: int, iov: list[memoryview], offset: int, want: int, where: str) -> None:
-    got = os.preadv(fd, iov, offset)
-    if got == want:
-        return
-    # Short read (signals, huge requests): finish buffer by buffer.
-    done = 0
-    for v in iov:
-        n = len(v)
-        if done + n <= got:
-            done += n
-            continue
-        skip = max(0, got - done)
-        pos = skip
-        while pos < n:
-            r = os.preadv(fd, [v[pos:]], offset + done + pos)
-            if r <= 0:
-                raise CorruptRecordError(f"{where}: short read ({done + pos} of {want} bytes): the file is truncated")
-            pos += r
-        done += n

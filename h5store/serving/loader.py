@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from h5store.serving.collate import to_torch
 from h5store.serving.dataset import FileDataset
 from h5store.serving.getters import Getter
-from h5store.serving.samplers import BatchSampler, BucketBatchSampler, _EpochBatches
+from h5store.serving.samplers import _EpochBatches, make_sampler
 from h5store.serving.shared import SharedParams
 
 __all__ = ["Loader", "RingBatch", "SharedBatches", "serve"]
@@ -401,13 +401,8 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
     r, w = _rank_world(rank, world_size) if distributed else (0, 1)
     if not own and batch_size is not None:
         batch_size = int(batch_size)
-        if bucket:
-            size = None if bucket is True else int(bucket)
-            kw["batch_sampler"] = BucketBatchSampler(dataset.lengths(), batch_size, bucket_size=size, shuffle=shuffle,
-                                                     seed=seed, drop_last=drop_last, rank=r, world_size=w)
-        else:
-            kw["batch_sampler"] = BatchSampler(len(dataset), batch_size, shuffle=shuffle, drop_last=drop_last,
-                                               seed=seed, rank=r, world_size=w)
+        kw["batch_sampler"] = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                                           bucket=bucket, rank=r, world_size=w)
     elif distributed or bucket:
         raise ValueError("serve: distributed= and bucket= need a batch_size")
     else:  # the user's sampler, or unbatched examples: DataLoader's own rules

@@ -7,7 +7,7 @@ whole batches ahead of the loop through :meth:`FileDataset.fetch
 the loop receives them in sampler order.
 
 Threads, not processes: uncompressed data is read with ``os.preadv`` straight into the
-batch buffer (:class:`~h5store.storage.DirectReader`'s offsets), which releases the GIL
+batch buffer (:class:`~h5store.readers.DirectReader`'s offsets), which releases the GIL
 for the copy, so threads read in parallel without pickling anything or copying a batch
 between processes. What stays under the GIL is the per-batch planning (a few numpy calls
 and one Python step per item); features read through HDF5 (compressed ones) serialise on
@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from h5store.readers import ChunkReader
 from h5store.serving.collate import Batch
 from h5store.serving.dataset import FileDataset
 from h5store.serving.getters import Getter
-from h5store.serving.samplers import BatchSampler, BucketBatchSampler, _EpochBatches
+from h5store.serving.samplers import make_sampler  # (importable from here, as before)
 from h5store.serving.shared import SharedParams
-from h5store.storage import ChunkReader, DirectReader, H5Reader
 
 __all__ = ["BatchIterator", "GzipChunkReader", "aligned_empty", "close_dataset", "iter_batches", "make_sampler",
            "prepare_for_threads"]
@@ -115,7 +115,7 @@ class BufferPool:
             return best[start : start + nbytes].view(dtype).reshape(shape)  # holds `best` until freed
 
 
-#: The chunk reader of compressed features: :class:`h5store.storage.ChunkReader`, which every
+#: The chunk reader of compressed features: :class:`h5store.readers.ChunkReader`, which every
 #: read path uses (this name stays for code that imported it from here).
 GzipChunkReader = ChunkReader
 
@@ -126,35 +126,18 @@ def prepare_for_threads(dataset: FileDataset) -> FileDataset:
     A FileDataset opens files, columns and descriptors lazily, on the first read that
     needs them; two threads doing that at once could each open a descriptor (one leaks)
     or interleave the opening of a file. This opens everything the dataset's features
-    read, in the calling thread, so that the threads only read afterwards. It also has
-    batch buffers come from a :class:`BufferPool` (reused, 64-byte aligned), and
-    gzip-compressed features read by a :class:`GzipChunkReader` (threads then inflate
-    chunks in parallel) instead of through HDF5. Returns ``dataset``.
+    read, in the calling thread (:meth:`FileSet.open_readers
+    <h5store.serving.files.FileSet.open_readers>`), so that the threads only read
+    afterwards. It also has batch buffers come from a :class:`BufferPool` (reused, 64-byte
+    aligned). Compressed features are read by a :class:`GzipChunkReader` (threads inflate
+    chunks in parallel), as every read-only column chooses. Returns ``dataset``.
 
     Examples
     --------
     >>> ds = prepare_for_threads(FileDataset(f, dict(x=h5s.Item("mel"))))  # doctest: +SKIP
     """
     files = dataset.files
-    for name in dataset.features:
-        files.feature(name)
-        files.spec(name)
-        files.lengths(name)
-        for k in range(len(files.files)):
-            col = files.column(k, name)
-            col.checksums  # noqa: B018 - loads the table now, not in a reader thread
-            if col.spec.layout == "blobs":
-                col.frames  # noqa: B018 - idem
-            reader = col.reader()
-            if type(reader) is H5Reader and not col.writable:  # (a subclass is someone's choice: kept)
-                with col.reading():
-                    chunked = GzipChunkReader.for_dataset(col.data, col.path)
-                if chunked is not None:
-                    col._reader = reader = chunked
-            if isinstance(reader, DirectReader):
-                files._fd(k, reader.path)  # the descriptor of the padded-read path
-            if isinstance(reader, (DirectReader, GzipChunkReader)):
-                reader._file()  # the one of whole-item reads (decoded features)
+    files.open_readers(list(dataset.features))
     if files.alloc is np.empty:
         files.alloc = BufferPool()
     return dataset
@@ -163,45 +146,12 @@ def prepare_for_threads(dataset: FileDataset) -> FileDataset:
 def close_dataset(dataset: FileDataset) -> None:
     """Close every handle and descriptor ``dataset`` opened in this process.
 
-    :meth:`FileDataset.close` closes the files and the padded-read descriptors. Each
-    :class:`~h5store.storage.DirectReader` of the files' columns (whole-item reads, and
-    the ids table read when a file is opened) holds one more descriptor that closing the
-    file leaves open: closed here too, so that opening a file once per pass, epoch after
-    epoch, does not pile up descriptors.
+    :meth:`FileDataset.close` closes the readers of the served columns (their
+    descriptors), then the files (each closes the readers of its groups, the ids tables
+    included), so that opening a file once per pass, epoch after epoch, does not pile up
+    descriptors.
     """
-    cols = list(dataset.files._cols.values())
-    for f in dataset.files.files:
-        for view in getattr(f, "_groups", {}).values():
-            cols.append(view.store._ids)
-            cols.extend(view.store.columns.values())
-    for col in cols:
-        reader = col._reader
-        if isinstance(reader, (DirectReader, GzipChunkReader)):
-            reader.close()
     dataset.close()
-
-
-def make_sampler(dataset: FileDataset, batch_size: int, *, shuffle: bool = False, seed: int = 0,
-                 drop_last: bool = False, bucket: bool | int | None = None, rank: int = 0,
-                 world_size: int = 1) -> _EpochBatches:
-    """The batch sampler :func:`~h5store.serving.serve` would make with these options.
-
-    The same sampler gives the same batches of indices for the same ``(seed, epoch)``,
-    whether they are then read by a DataLoader, tf.data or :func:`iter_batches`.
-
-    Examples
-    --------
-    >>> s = make_sampler(ds, 16, shuffle=True, seed=0)  # doctest: +SKIP
-    >>> s.batches(0)[0]  # the first batch of epoch 0  # doctest: +SKIP
-    """
-    if isinstance(batch_size, bool) or int(batch_size) <= 0:
-        raise ValueError(f"batch_size must be an int > 0, got {batch_size!r}")
-    if bucket:
-        size = None if bucket is True else int(bucket)
-        return BucketBatchSampler(dataset.lengths(), int(batch_size), bucket_size=size, shuffle=shuffle, seed=seed,
-                                  drop_last=drop_last, rank=rank, world_size=world_size)
-    return BatchSampler(len(dataset), int(batch_size), shuffle=shuffle, drop_last=drop_last, seed=seed, rank=rank,
-                        world_size=world_size)
 
 
 class _Failure:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchSampler", "BucketBatchSampler", "EpochIndices"]
+__all__ = ["BatchSampler", "BucketBatchSampler", "EpochIndices", "make_sampler"]
 
 _I64 = np.int64
 
@@ -250,3 +250,28 @@ class BucketBatchSampler(_EpochBatches):
         total = full * per + last
         ws = self.world_size
         return total // ws if self.drop_last else math.ceil(total / ws)
+
+
+def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, bucket: bool | int | None = None, rank: int = 0,
+                 world_size: int = 1) -> _EpochBatches:
+    """The batch sampler of every serving path (DataLoader, tf.data, :func:`~h5store.iter_batches`).
+
+    ``dataset`` is anything with ``len()`` and, for ``bucket``, ``lengths()`` (a
+    :class:`~h5store.serving.FileDataset`). The same sampler gives the same batches of
+    indices for the same ``(seed, epoch)``, whichever loader then reads them.
+
+    Examples
+    --------
+    >>> s = make_sampler(range(10), 4, shuffle=True, seed=1)
+    >>> sorted(i for b in s.batches(0) for i in b) == list(range(10))
+    True
+    """
+    if isinstance(batch_size, bool) or int(batch_size) <= 0:
+        raise ValueError(f"batch_size must be an int > 0, got {batch_size!r}")
+    if bucket:
+        size = None if bucket is True else int(bucket)
+        return BucketBatchSampler(dataset.lengths(), int(batch_size), bucket_size=size, shuffle=shuffle, seed=seed,
+                                  drop_last=drop_last, rank=rank, world_size=world_size)
+    return BatchSampler(len(dataset), int(batch_size), shuffle=shuffle, drop_last=drop_last, seed=seed, rank=rank,
+                        world_size=world_size)

@@ -1,0 +1,389 @@
+"""One column of a group: the reads, appends and overwrites of one feature's items.
+
+A column (``<group>/<name>/{data,index,checksum[,frames]}``, see :mod:`h5store.format`)
+moves typed rows described by a :class:`~h5store.format.ColumnSpec`; it knows nothing of
+Feature classes (as SQLAlchemy's Table knows nothing of mappers). Reads are planned per
+batch (:func:`h5store.layout.plan_reads`) and go through the column's
+:class:`~h5store.readers.Reader`, chosen once per process
+(:func:`~h5store.readers.choose_reader`); a reader whose rows can move at a commit reads
+under the file's commit lock. Appends are staged and written in whole chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import h5py
+import numpy as np
+
+from h5store.checksum import crc32
+from h5store.column_writes import ColumnWrites, chunk_rows
+from h5store.errors import CorruptRecordError, FormatError
+from h5store.format import ABSENT, ATTR_COLUMN, CHECKSUM, DATA, FRAMES, INDEX, ColumnSpec, bad_ranges
+from h5store.handle import FileHandle
+from h5store.layout import gather, plan_reads
+from h5store.readers import MemoryReader, Reader, choose_reader, read_whole
+
+__all__ = ["Column", "ColumnTables", "create_column", "open_subgroup"]
+
+_INDEX_CHUNK = 1 << 13
+
+#: What a read-only column has loaded, handed to a forked child: spec, rows of data, index,
+#: checksum, frames (None where not loaded).
+ColumnTables = tuple[ColumnSpec, int, "np.ndarray | None", "np.ndarray | None", "np.ndarray | None"]
+
+
+def open_subgroup(g: h5py.Group, name: str, where: str) -> h5py.Group:
+    """``g[name]``; :class:`~h5store.errors.FormatError` naming ``where`` when it cannot be opened."""
+    try:
+        return g[name]
+    except (KeyError, OSError) as e:  # h5py: "Unable to open object (incorrect metadata checksum ...)"
+        raise FormatError(f"{where}: unreadable ({e})") from None
+
+
+def _open_table(g: h5py.Group, name: str) -> h5py.Dataset:
+    """Open an index-like dataset without HDF5's chunk cache.
+
+    Tables are read whole, once, into numpy: a chunk cache (``rdcc_nbytes`` per dataset)
+    would only keep a second copy, ~19 MB per process for the ids of a million items.
+    """
+    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    dapl.set_chunk_cache(0, 0, 1.0)
+    return h5py.Dataset(h5py.h5d.open(g.id, name.encode("utf-8"), dapl=dapl))
+
+
+def create_column(parent: h5py.Group, name: str, spec: ColumnSpec, n_items: int) -> h5py.Group:
+    """Create an empty column in ``parent`` for a group that already holds ``n_items`` ids."""
+    g = parent.create_group(name)
+    g.attrs[ATTR_COLUMN] = json.dumps(spec.to_dict(), sort_keys=True)
+    filters: dict[str, Any] = {}
+    if spec.compression:
+        filters["compression"] = spec.compression
+        if spec.compression_opts is not None:
+            filters["compression_opts"] = spec.compression_opts
+    if spec.shuffle:
+        filters["shuffle"] = True
+    if spec.fletcher32:
+        filters["fletcher32"] = True
+    inner = spec.inner
+    g.create_dataset(DATA, shape=(0, *inner), maxshape=(None, *inner), dtype=spec.np_dtype,
+                     chunks=(chunk_rows(spec), *inner), **filters)
+    index = np.full((n_items, 2), ABSENT, dtype=np.int64)
+    g.create_dataset(INDEX, data=index, maxshape=(None, 2), chunks=(_INDEX_CHUNK, 2))
+    g.create_dataset(CHECKSUM, data=np.zeros(n_items, np.uint32), maxshape=(None,), chunks=(_INDEX_CHUNK,))
+    if spec.layout == "blobs":
+        g.create_dataset(FRAMES, shape=(0, 2), maxshape=(None, 2), dtype=np.int64, chunks=(_INDEX_CHUNK, 2))
+    return g
+
+
+class Column(ColumnWrites):
+    """One column of a group: reads, appends and overwrites of its items (the writing half:
+    :class:`~h5store.column_writes.ColumnWrites`).
+
+    ``where`` names the file, group and column in error messages.
+    """
+
+    def __init__(self, g: h5py.Group, spec: ColumnSpec, where: str, writable: bool, path: str,
+                 handle: FileHandle | None = None) -> None:
+        self.g = g
+        self.spec = spec
+        self.where = where
+        self.writable = writable
+        self.path = path
+        # A reader's h5py objects belong to one open of the file (``handle.generation``); a
+        # reader reads metadata only inside ``handle.reading()`` and rebinds after a reopen.
+        self._handle = None if writable else handle
+        self._gen = handle.generation if handle is not None else 0
+        self._gpath = g.name  # kept as text: an h5py object of a closed file has no name
+        self._bind(g)
+        self._items: int | None = None  # a reader's snapshot: rows of index and checksum
+        if self.data.dtype != spec.np_dtype or tuple(self.data.shape[1:]) != spec.inner:
+            raise FormatError(
+                f"{where}: data is {self.data.dtype}{tuple(self.data.shape[1:])}, the schema says "
+                f"{spec.np_dtype}{spec.inner}"
+            )
+        self._frames_n = self._frames_ds.shape[0] if self._frames_ds is not None else 0
+        self._index: np.ndarray | None = None
+        self._checksum: np.ndarray | None = None
+        self._frames: np.ndarray | None = None
+        self._reader: Reader | None = None
+        self._reader_pid = -1
+        # writer state
+        self._size = int(self.data.shape[0])  # logical rows, pending included
+        # Appended rows not written yet: the last ``_staged`` rows of ``data`` (rows
+        # ``[_size - _staged, _size)``) sit at the front of one reused buffer, each copied once.
+        self._stage: np.ndarray | None = None
+        self._staged = 0
+        self._direct_rows: int | None = None  # rows per directly written chunk (0: never), once known
+        self._pending_frames: list[np.ndarray] = []
+        self._dirty_from: int | None = None
+
+    def _bind(self, g: h5py.Group) -> None:
+        self.g = g
+        try:
+            self.data: h5py.Dataset = g[DATA]
+            self._index_ds: h5py.Dataset = _open_table(g, INDEX)
+            self._checksum_ds: h5py.Dataset = _open_table(g, CHECKSUM)
+            self._frames_ds: h5py.Dataset | None = _open_table(g, FRAMES) if self.spec.layout == "blobs" else None
+        except KeyError as e:
+            raise FormatError(f"{self.where}: missing dataset ({e})") from None
+
+    @contextlib.contextmanager
+    def _h5(self) -> Iterator[None]:
+        """Around every read of HDF5 metadata or chunks: see :meth:`FileHandle.reading`."""
+        h = self._handle
+        if h is None:
+            yield
+            return
+        h.check_usable()  # after a write error: that error, not "unreadable" data
+        with h.reading() as f:
+            if h.generation != self._gen:
+                # The file was reopened after a commit: the same objects in the new open.
+                # Everything this reader already holds (tables, direct offsets) stays valid:
+                # committed rows never change or move; only what HDF5 reads is rebound.
+                self._bind(open_subgroup(f, self._gpath, self.where))
+                if self._reader is not None:
+                    self._reader.rebind(self.data)
+                self._gen = h.generation
+            yield
+
+    # ---------------------------------------------------------------- snapshot
+    @property
+    def size(self) -> int:
+        """Rows of ``data`` (pending ones included)."""
+        return self._size
+
+    @property
+    def stored_items(self) -> int:
+        """Rows of the stored index (items in the file at its last commit)."""
+        return int(self._index_ds.shape[0])
+
+    def snapshot(self, n: int) -> None:
+        """A reader sees the first ``n`` items (its open's commit) until it refreshes."""
+        self._items = n
+
+    def drop_index(self) -> None:
+        """Forget the loaded index (read again when next needed)."""
+        self._index = None
+
+    def tables(self) -> ColumnTables:
+        """What this column has loaded: ``(spec, size, index, checksum, frames)``, numpy only."""
+        return self.spec, self._size, self._index, self._checksum, self._frames
+
+    def adopt(self, loaded: ColumnTables, n: int) -> None:
+        """Take over ``loaded`` (another process's :meth:`tables`) where it still describes the
+        file, ``n`` items: a table whose dataset changed size since is read afresh."""
+        spec, size, index, checksum, frames = loaded
+        if self.spec != spec or self._size != size:
+            return
+        if index is not None and len(index) == self.stored_items == n:
+            self._index = index
+            if checksum is not None and len(checksum) == n:
+                self._checksum = checksum
+        if frames is not None and self._frames_ds is not None and len(frames) == self._frames_ds.shape[0]:
+            self._frames = frames
+
+    # ---------------------------------------------------------------- tables
+    def _read_table(self, name: str, what: str, rows: int | None = None) -> np.ndarray:
+        """A whole table (a reader: its first ``rows``, the snapshot it opened), refused (not
+        allocated) when it declares more bytes than the file holds."""
+        with self._h5():
+            ds: h5py.Dataset = getattr(self, name)
+            nbytes = ds.dtype.itemsize * int(np.prod(ds.shape, dtype=object))
+            if nbytes > ds.file.id.get_filesize() + (1 << 20):
+                raise CorruptRecordError(f"{self.where}: {what} declares {ds.shape} rows, more than the file holds")
+            if rows is not None and ds.shape[0] < rows:
+                raise CorruptRecordError(f"{self.where}: {what} has {ds.shape[0]} rows, {rows} expected")
+            try:
+                return read_whole(ds, self.path, f"{self.where}/{what}", None if rows is None or self.writable else rows,
+                                  via_hdf5=self.writable)
+            except (OSError, RuntimeError, ValueError) as e:  # h5py's words for damaged chunks or B-trees
+                raise CorruptRecordError(f"{self.where}: {what} unreadable ({e})") from None
+
+    @property
+    def index(self) -> np.ndarray:
+        """``(N, 2)`` int64 ``[start, stop)`` per item, validated once when first read."""
+        if self._index is None:
+            idx = self._read_table("_index_ds", "index", self._items)
+            self._validate_index(idx)
+            self._index = idx
+        return self._index
+
+    @property
+    def checksums(self) -> np.ndarray:
+        if self._checksum is None:
+            c = self._read_table("_checksum_ds", "checksum", self._items)
+            if len(c) != len(self.index):
+                raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(self.index)}")
+            self._checksum = c
+        return self._checksum
+
+    @property
+    def frames(self) -> np.ndarray:
+        if self._frames is None:
+            assert self._frames_ds is not None
+            fr = self._read_table("_frames_ds", "frames", None if self.writable else self._frames_n)
+            self._check_ranges(fr, int(self.data.shape[0]), "frames")
+            self._frames = fr
+        return self._frames
+
+    def _target_len(self) -> int:
+        return len(self.frames) if self.spec.layout == "blobs" else int(self.data.shape[0])
+
+    def _validate_index(self, idx: np.ndarray) -> None:
+        if idx.ndim != 2 or idx.shape[1] != 2:
+            raise CorruptRecordError(f"{self.where}: index has shape {idx.shape}, expected (N, 2)")
+        self._check_ranges(idx, self._target_len() if self.spec.layout != "blobs" else len(self.frames), "index")
+
+    def _check_ranges(self, r: np.ndarray, limit: int, what: str) -> None:
+        if not len(r):
+            return
+        bad = bad_ranges(r, limit, fixed=self.spec.layout == "fixed" and what == "index")
+        if bad.any():
+            row = int(np.argmax(bad))
+            raise CorruptRecordError(
+                f"{self.where}: {what} row {row} = {r[row].tolist()} points outside the {limit} stored rows"
+            )
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Rows (or blobs) per item; 0 for absent items."""
+        idx = self.index
+        return idx[:, 1] - idx[:, 0]
+
+    @property
+    def present(self) -> np.ndarray:
+        return self.index[:, 0] != ABSENT
+
+    # ---------------------------------------------------------------- reading
+    def reader(self) -> Reader:
+        """This process's reader of ``data`` (:func:`~h5store.readers.choose_reader`)."""
+        reader = self._reader
+        if reader is None or (self._reader_pid != os.getpid() and not reader.survives_fork):
+            self._reader = None
+            with self._h5():
+                self._reader = choose_reader(self.data, self.path, self.where, self.writable)
+            self._reader_pid = os.getpid()
+        return self._reader
+
+    def use_memory(self, array: np.ndarray) -> None:
+        """Serve reads from ``array`` (this column's whole ``data``, e.g. in shared memory)."""
+        if array.shape != self.data.shape or array.dtype != self.data.dtype:
+            raise ValueError(f"{self.where}: in-memory copy is {array.dtype}{array.shape}, data is {self.data.dtype}{self.data.shape}")
+        self._reader = MemoryReader(array)
+
+    def close_reader(self, forget: bool = False) -> None:
+        """Close this process's reader descriptors (reopened by the next read); with ``forget``
+        (the file is being closed) the reader too, chosen again on the next read (an in-memory
+        one is kept)."""
+        reader = self._reader
+        if reader is not None:
+            reader.close()
+            if forget and not reader.resident:
+                self._reader = None
+
+    def _read(self, fn: Callable[[Reader], Any]) -> Any:
+        """``fn(reader)``; under the commit lock where the reader's rows can move (not ``stable``)."""
+        reader = self.reader()
+        if self._handle is None or reader.stable:
+            return fn(reader)
+        # Its chunk addresses come from HDF5 and may change at a commit (a rewritten
+        # compressed chunk moves): read under the commit lock, rebound after a commit.
+        with self._h5():
+            return fn(self.reader())
+
+    def _missing(self, rows: np.ndarray) -> None:
+        absent = self.index[rows, 0] == ABSENT
+        if absent.any():
+            raise KeyError(int(rows[np.argmax(absent)]))
+
+    def read_ranges(self, starts: np.ndarray, stops: np.ndarray, max_gap: int = 0) -> list[np.ndarray]:
+        """Rows ``[start, stop)`` of ``data`` for each pair, one planned read for all."""
+        self.flush_pending()
+        plan = plan_reads(starts, stops, max_gap=max_gap)
+        return gather(plan, self._read(lambda r: r.read_runs(plan)))
+
+    def read_scatter(self, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
+        """Rows ``[starts[j], +counts[j])`` of ``data`` into ``out[dest[j], :counts[j]]`` (see :class:`Reader`)."""
+        self.flush_pending()
+        self._read(lambda r: r.read_scatter(out, dest, starts, counts))
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Row ``rows[j]`` of ``data`` at ``[j]``."""
+        self.flush_pending()
+        return self._read(lambda r: r.take(rows))
+
+    def reading(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the file's commit lock (a reader's h5py objects rebound if a commit happened)."""
+        return self._h5()
+
+    def read_items(self, rows: Sequence[int] | np.ndarray, verify: bool = False) -> list[np.ndarray]:
+        """Whole items at group ``rows`` (absent rows raise ``KeyError(row)``)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.flush_pending()
+        idx = self.index[rows]
+        self._missing(rows)
+        if self.spec.layout == "blobs":
+            return self._read_blob_items(idx, rows, verify)
+        parts = self.read_ranges(idx[:, 0], idx[:, 1], max_gap=self._gap())
+        if self.spec.layout == "fixed":
+            parts = [p[0] for p in parts]
+        if verify:
+            self.verify(rows, parts)
+        return parts
+
+    def _gap(self) -> int:
+        return self.reader().max_gap
+
+    def _read_blob_items(self, idx: np.ndarray, rows: np.ndarray, verify: bool) -> list[Any]:
+        fr = self.frames
+        out = []
+        spans = [fr[a:b] for a, b in idx.tolist()]
+        starts = np.array([s[0, 0] if len(s) else 0 for s in spans], dtype=np.int64)
+        stops = np.array([s[-1, 1] if len(s) else 0 for s in spans], dtype=np.int64)
+        for r, s in zip(rows.tolist(), spans):
+            self._check_contiguous(r, s)
+        blocks = self.read_ranges(starts, stops)
+        if verify:
+            self.verify(rows, blocks)
+        for s, block, base in zip(spans, blocks, starts.tolist()):
+            out.append([block[a - base : b - base] for a, b in s.tolist()])
+        return out
+
+    def read_blobs(self, row: int, first: int, stop: int) -> list[np.ndarray]:
+        """Blobs ``first..stop-1`` of the item at ``row`` (only their bytes are read)."""
+        self.flush_pending()
+        self._missing(np.array([row]))
+        a, b = self.index[row]
+        n = b - a
+        if not (0 <= first <= stop <= n):
+            raise IndexError(f"{self.where}: blobs [{first}, {stop}) out of range for an item of {n}")
+        span = self.frames[a + first : a + stop]
+        if not len(span):
+            return []
+        self._check_contiguous(row, self.frames[a:b])
+        base = int(span[0, 0])
+        block = self.read_ranges(np.array([base]), np.array([span[-1, 1]]))[0]
+        if first == 0 and stop == n:
+            # The whole item: its CRC-32 can be checked (a part of it cannot).
+            self.verify(np.array([row]), [block])
+        return [block[s - base : e - base] for s, e in span.tolist()]
+
+    def _check_contiguous(self, row: int, span: np.ndarray) -> None:
+        # The CRC-32 covers the item's bytes, not where its blobs split them: frames must join.
+        if len(span) > 1 and not np.array_equal(span[1:, 0], span[:-1, 1]):
+            raise CorruptRecordError(f"{self.where}: the blob frames of the item at row {row} are not contiguous")
+
+    def verify(self, rows: np.ndarray, parts: Sequence[np.ndarray]) -> None:
+        """Raise :class:`CorruptRecordError` unless each part matches its stored CRC-32."""
+        expect = self.checksums[rows]
+        for r, p, c in zip(rows.tolist(), parts, expect.tolist()):
+            if crc32(np.ascontiguousarray(p)) != c:
+                raise CorruptRecordError(f"{self.where}: item at row {r} fails its checksum")
