@@ -168,7 +168,7 @@ class GroupStore:
         if not self.writable:
             return
         refs = self.refs
-        if refs._pending_list:
+        if refs.has_pending:
             start = refs.merged
             lengths, data, crc = refs.take_pending()
             self._ids.append_block(start, len(refs), lengths, data, crc)

@@ -121,6 +121,11 @@ class Refs:
         return cls(np.zeros((0, 2), np.int64), np.zeros(0, np.uint8), np.zeros(0, np.uint32), where)
 
     # ------------------------------------------------------------------ reading
+    @property
+    def has_pending(self) -> bool:
+        """Whether ids were added since the last :meth:`take_pending` (a writer's unflushed ids)."""
+        return bool(self._pending_list)
+
     def __len__(self) -> int:
         return len(self._bounds) - 1 + len(self._pending_list)
 

@@ -242,6 +242,13 @@ class TypedFile:
         return self._handle.writable
 
     @property
+    def serves_own_snapshot(self) -> bool:
+        """Whether this is a read-only file open in this process: serving it serves this snapshot
+        (its ``len``, ids and tables), not whatever a fresh open would find."""
+        h = self._handle
+        return not h.writable and self._pid == os.getpid() and h.is_open
+
+    @property
     def file_schema(self) -> Schema:
         """The schema of the open file (the class's, plus what the file adds)."""
         self._ensure_open()

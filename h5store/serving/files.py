@@ -462,6 +462,4 @@ class FileSet:
 
 def _snapshot_here(f: Any) -> bool:
     """Whether ``f`` is a read-only file open in this process: its snapshot is what is served."""
-    handle = getattr(f, "_handle", None)
-    return (handle is not None and not handle.writable and getattr(f, "_pid", None) == os.getpid()
-            and handle.is_open)
+    return bool(getattr(f, "serves_own_snapshot", False))
