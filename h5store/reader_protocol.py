@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from abc import ABC, abstractmethod
 from typing import Any, Protocol, runtime_checkable
 
 import h5py
@@ -70,9 +71,10 @@ def _scatter(out: np.ndarray, dest: np.ndarray, buf: np.ndarray, offsets: np.nda
         out[j, :c] = buf[o : o + c]
 
 
-class ReaderBase:
+class ReaderBase(ABC):
     """What a reader inherits: :meth:`read_scatter` and :meth:`take` through :meth:`read_runs`,
-    nothing to open, close or rebind."""
+    nothing to open, close or rebind. A subclass must define :meth:`read_runs` (it cannot be
+    instantiated otherwise)."""
 
     stable = False
     releases_gil = False
@@ -80,8 +82,9 @@ class ReaderBase:
     survives_fork = False
     max_gap = 0
 
+    @abstractmethod
     def read_runs(self, plan: ReadPlan) -> np.ndarray:
-        raise NotImplementedError
+        """The rows of ``plan.runs``, concatenated in plan order."""
 
     def read_scatter(self, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
         plan = plan_reads(starts, starts + counts, max_gap=self.max_gap)
@@ -91,14 +94,14 @@ class ReaderBase:
         plan = plan_reads(rows, rows + 1, max_gap=self.max_gap)
         return self.read_runs(plan)[plan.offsets]
 
-    def open(self) -> None:
-        pass
+    def open(self) -> None:  # noqa: B027 - deliberately nothing: most readers hold nothing to open
+        """Acquire what reads need (a descriptor); nothing by default."""
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - deliberately nothing to release by default
+        """Release what :meth:`open` acquired; nothing by default."""
 
-    def rebind(self, ds: h5py.Dataset) -> None:
-        pass
+    def rebind(self, ds: h5py.Dataset) -> None:  # noqa: B027 - only readers holding HDF5 objects rebind
+        """Take the dataset of a reopened file (after a commit); nothing by default."""
 
 
 def _close_fd(fd: int, pid: int) -> None:
