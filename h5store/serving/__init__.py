@@ -17,7 +17,7 @@ Module map::
     files.py     FileSet (batched reads over one or many files), MultiFile, concat
     dataset.py   FileDataset: __getitems__ / fetch, one planned read per feature per batch
     collate.py   padding, lengths and masks; numpy -> torch
-    samplers.py  BatchSampler, BucketBatchSampler: epochs, ranks, resumable state
+    samplers.py  BatchSampler, BucketBatchSampler, QuasiRandomBatchSampler: epochs, ranks, resumable state
     shared.py    SharedParams and SharedArray in /dev/shm (no Manager, no copies)
     loader.py    serve() and Loader (imports torch)
     numpy_iter.py  iter_batches(): batches read ahead by threads, numpy only (JAX, plain loops)
@@ -34,7 +34,7 @@ from h5store.serving.dataset import CorruptRecordWarning, FileDataset
 from h5store.serving.files import FileSet, MultiFile, concat
 from h5store.serving.getters import Frames, Getter, Id, Item, Label, Padded, Position, Request, Window
 from h5store.serving.numpy_iter import BatchIterator
-from h5store.serving.samplers import BatchSampler, BucketBatchSampler, EpochIndices
+from h5store.serving.samplers import BatchSampler, BucketBatchSampler, EpochIndices, QuasiRandomBatchSampler
 from h5store.serving.shared import SharedArray, SharedParams
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "MultiFile",
     "Padded",
     "Position",
+    "QuasiRandomBatchSampler",
     "Request",
     "SharedArray",
     "SharedParams",

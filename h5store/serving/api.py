@@ -4,7 +4,9 @@
 these functions, bound as methods of :class:`~h5store.TypedFile` and of what
 :func:`~h5store.concat` returns. All take ``(batch, batch_size=1, *, shuffle=False,
 drop_last=False, seed=0, verify=True, ...)``: the defaults of PyTorch's ``DataLoader``
-(``batch_size`` may be given by position, as ``DataLoader(dataset, 32)`` allows).
+(``batch_size`` may be given by position, as ``DataLoader(dataset, 32)`` allows), and
+``shuffle`` also takes ``"chunks"`` (a quasi-random, chunk-aware order: see
+:func:`check_shuffle_option`).
 Arguments are checked here, before anything is read or imported, so that a wrong call
 fails with one message that says what to write instead.
 """
@@ -20,7 +22,7 @@ import numpy as np
 
 from h5store.errors import ArgumentError
 
-__all__ = ["check_batch_size", "interleave", "iter_batches", "serve", "to_tf_dataset"]
+__all__ = ["check_batch_size", "check_shuffle_option", "interleave", "iter_batches", "serve", "to_tf_dataset"]
 
 # What a user of one front end may carry over to another: the name it has there.
 _HINTS: dict[str, dict[str, str]] = {
@@ -59,6 +61,34 @@ def check_batch_size(who: str, batch_size: Any, none: bool = False) -> int | Non
     return int(batch_size)
 
 
+def check_shuffle_option(who: str, shuffle: Any, batch_size: int | None = 1) -> bool | str:
+    """``shuffle`` as False, True or ``"chunks"``, else :class:`~h5store.errors.ArgumentError`.
+
+    - ``False``: in order. ``True``: a new uniform permutation each epoch, from ``(seed, epoch)``.
+    - ``"chunks"``: quasi-random (FFCV's ``QUASI_RANDOM``, MosaicML's ``py1e``): blocks of
+      consecutive examples holding a few MB of stored data are shuffled, then the examples
+      of every window of 8 blocks (:class:`~h5store.serving.QuasiRandomBatchSampler`).
+      Every example once per epoch, seeded by ``(seed, epoch)``, equal steps per rank.
+      For files that do not sit in the page cache (larger than RAM, cold disks, network
+      file systems): each batch reads from a few MB-sized regions instead of from
+      anywhere. Less random: a batch mixes examples of ~8 blocks only.
+
+    Examples
+    --------
+    >>> check_shuffle_option("serve", "chunks", 32)
+    'chunks'
+    """
+    from h5store.serving.samplers import check_shuffle
+
+    try:
+        value = check_shuffle(shuffle)
+    except ValueError as e:
+        raise ArgumentError(f"{who}: {e}") from None
+    if value == "chunks" and batch_size is None:
+        raise ArgumentError(f"{who}: shuffle='chunks' orders batches; pass a batch_size (or shuffle=True)")
+    return value
+
+
 def _check_options(who: str, options: Mapping[str, Any], allowed: Iterable[str]) -> None:
     allowed = set(allowed)
     for key, value in options.items():
@@ -81,7 +111,7 @@ def _keywords(*functions: Callable[..., Any]) -> set[str]:
     return out
 
 
-def serve(file: Any, batch: Mapping[str, Any], batch_size: int | None = 1, *, shuffle: bool = False,
+def serve(file: Any, batch: Mapping[str, Any], batch_size: int | None = 1, *, shuffle: bool | str = False,
           drop_last: bool = False, seed: int = 0, verify: bool | str = True, num_workers: int = 0,
           **options: Any) -> Any:
     """A PyTorch DataLoader whose batches are dicts of tensors: ``f.serve(batch, batch_size=32, ...)``.
@@ -94,8 +124,10 @@ def serve(file: Any, batch: Mapping[str, Any], batch_size: int | None = 1, *, sh
     batch_size : int or None
         Examples per batch (default 1, as ``DataLoader``; may be given by position).
         None: one example at a time, unbatched.
-    shuffle : bool
+    shuffle : bool or "chunks"
         A new order each epoch, from ``(seed, epoch)`` (default False, as ``DataLoader``).
+        ``"chunks"``: a quasi-random order that reads the file a few MB-sized blocks at a
+        time, for files not in the page cache (see :func:`check_shuffle_option`).
     drop_last : bool
         Drop the last incomplete batch.
     seed : int
@@ -122,6 +154,7 @@ def serve(file: Any, batch: Mapping[str, Any], batch_size: int | None = 1, *, sh
     ...                  batch_size=32, shuffle=True, num_workers=2)
     """
     size = check_batch_size("serve", batch_size, none=True)
+    shuffle = check_shuffle_option("serve", shuffle, size)
     from torch.utils.data import DataLoader
 
     from h5store.serving import loader
@@ -131,7 +164,7 @@ def serve(file: Any, batch: Mapping[str, Any], batch_size: int | None = 1, *, sh
                         num_workers=num_workers, **options)
 
 
-def iter_batches(file: Any, batch: Mapping[str, Any] | None, batch_size: int = 1, *, shuffle: bool = False,
+def iter_batches(file: Any, batch: Mapping[str, Any] | None, batch_size: int = 1, *, shuffle: bool | str = False,
                  drop_last: bool = False, seed: int = 0, verify: bool | str = True, threads: int = 2,
                  epoch: int = 0, **options: Any) -> Any:
     """One epoch of batches as dicts of numpy arrays, read ahead by threads: ``f.iter_batches(batch, batch_size=32)``.
@@ -158,6 +191,7 @@ def iter_batches(file: Any, batch: Mapping[str, Any] | None, batch_size: int = 1
     ...     step(b["x"])
     """
     size = check_batch_size("iter_batches", batch_size)
+    shuffle = check_shuffle_option("iter_batches", shuffle, size)
     from h5store.serving import numpy_iter
 
     _check_options("iter_batches", options, _keywords(numpy_iter.iter_batches))
@@ -165,7 +199,7 @@ def iter_batches(file: Any, batch: Mapping[str, Any] | None, batch_size: int = 1
                                    threads=threads, epoch=epoch, **options)
 
 
-def to_tf_dataset(file: Any, batch: Mapping[str, Any], batch_size: int = 1, *, shuffle: bool = False,
+def to_tf_dataset(file: Any, batch: Mapping[str, Any], batch_size: int = 1, *, shuffle: bool | str = False,
                   drop_last: bool = False, seed: int = 0, verify: bool | str = True, epoch: int = 0,
                   **options: Any) -> Any:
     """A ``tf.data.Dataset`` of batches (dicts of tensors): ``f.to_tf_dataset(batch, batch_size=32)``.
@@ -190,6 +224,7 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Any], batch_size: int = 1, *, s
     >>> ds = f.to_tf_dataset(dict(x=h5s.Item("mel"), y=h5s.Label("label")), batch_size=32)  # doctest: +SKIP
     """
     size = check_batch_size("to_tf_dataset", batch_size)
+    shuffle = check_shuffle_option("to_tf_dataset", shuffle, size)
     from h5store.serving import tf
 
     _check_options("to_tf_dataset", options, _keywords(tf.to_tf_dataset))
@@ -197,7 +232,7 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Any], batch_size: int = 1, *, s
                             epoch=epoch, **options)
 
 
-def interleave(files: Any, batch: Mapping[str, Any], batch_size: int = 1, *, shuffle: bool = False,
+def interleave(files: Any, batch: Mapping[str, Any], batch_size: int = 1, *, shuffle: bool | str = False,
                drop_last: bool = False, seed: int = 0, verify: bool | str = True, cycle_length: int = 4,
                **options: Any) -> Any:
     """Batches of many files read concurrently by tf.data: ``h5s.interleave(paths, batch, batch_size=32)``.
@@ -210,6 +245,7 @@ def interleave(files: Any, batch: Mapping[str, Any], batch_size: int = 1, *, shu
     >>> ds = h5s.interleave(paths, dict(x=h5s.Window("mel", 64)), batch_size=32, cycle_length=4)  # doctest: +SKIP
     """
     size = check_batch_size("interleave", batch_size)
+    shuffle = check_shuffle_option("interleave", shuffle, size)
     from h5store.serving import tf
 
     _check_options("interleave", options, _keywords(tf.interleave))

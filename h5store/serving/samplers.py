@@ -14,6 +14,13 @@ sampler deals the epoch's indices round-robin to the ranks; with ``drop_last=Fal
 order is padded by repeating its first indices until it divides evenly (every index is
 served at least once per epoch), with ``drop_last=True`` the tail is dropped. The bucket
 sampler deals whole batches and pads (repeats) or drops batches the same way.
+
+Quasi-random order (``shuffle="chunks"``, :class:`QuasiRandomBatchSampler`): the order
+FFCV calls ``QUASI_RANDOM`` and MosaicML's streaming ``py1e``. Consecutive examples are
+grouped into blocks of a few MB of stored data, the blocks are shuffled, and the examples
+are shuffled within windows of a few consecutive (shuffled) blocks. A batch then reads
+from a few MB-sized regions of the file instead of from anywhere: what a cold page cache,
+a spinning disk or a network file system need to read at their sequential speed.
 """
 
 from __future__ import annotations
@@ -24,7 +31,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchSampler", "BucketBatchSampler", "EpochIndices", "make_sampler"]
+__all__ = ["BatchSampler", "BucketBatchSampler", "EpochIndices", "QuasiRandomBatchSampler", "block_sizes",
+           "check_shuffle", "make_sampler"]
+
+#: ``shuffle=`` values every serving path takes: in order, a permutation, or quasi-random.
+SHUFFLES = (False, True, "chunks")
+BLOCK_BYTES = 4 << 20  # stored bytes per block of the quasi-random order
+WINDOW_BLOCKS = 8  # blocks whose examples are shuffled together
+FALLBACK_BLOCK = 256  # examples per block when the dataset says nothing of its bytes
 
 _I64 = np.int64
 
@@ -159,9 +173,13 @@ class BatchSampler(_EpochBatches):
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
 
+    def order(self, epoch: int) -> np.ndarray:
+        """The whole epoch's order (every rank computes the same one)."""
+        return self._rng(epoch).permutation(self.n) if self.shuffle else np.arange(self.n, dtype=_I64)
+
     def indices(self, epoch: int) -> np.ndarray:
         """This rank's indices of ``epoch``, in order."""
-        order = self._rng(epoch).permutation(self.n) if self.shuffle else np.arange(self.n, dtype=_I64)
+        order = self.order(epoch)
         ws = self.world_size
         if ws > 1:
             if self.drop_last:
@@ -182,6 +200,129 @@ class BatchSampler(_EpochBatches):
         ws = self.world_size
         per = self.n // ws if self.drop_last else math.ceil(self.n / ws)
         return per // self.batch_size if self.drop_last else math.ceil(per / self.batch_size)
+
+
+class QuasiRandomBatchSampler(BatchSampler):
+    """Batches in a chunk-aware quasi-random order: shuffled blocks, shuffled within windows.
+
+    Each epoch (from ``(seed, epoch)``): the blocks of consecutive examples are permuted;
+    the permuted blocks are taken ``window`` at a time and the examples of each window
+    are permuted; the result is cut into batches (and dealt to the ranks as by
+    :class:`BatchSampler`: equal steps per rank). Every example is served exactly once
+    per epoch (with one rank, or when the ranks divide it evenly).
+
+    Why: a uniform shuffle makes every batch read from anywhere in the file. From the page
+    cache that costs nothing; from a cold disk or a network file system each item is a
+    random read. Here a window of ``window`` blocks (a few tens of MB) is read while its
+    batches are served, so reads stay large and nearly sequential. The price: less
+    randomness. Examples of one batch come from ``window`` blocks, not from the whole
+    dataset, and neighbours on disk (often neighbours in the source, e.g. one speaker)
+    meet more often than in a uniform shuffle. Keep ``window * block`` well above the
+    batch size.
+
+    Parameters
+    ----------
+    blocks : array of int
+        Examples per block, in dataset order (they sum to the dataset size); see
+        :func:`block_sizes`.
+    batch_size : int
+    window : int
+        Blocks whose examples are shuffled together (default 8).
+    drop_last, seed, rank, world_size
+        As for :class:`BatchSampler`.
+
+    Examples
+    --------
+    >>> s = QuasiRandomBatchSampler([4, 4, 4, 3], 5, window=2, seed=1)
+    >>> sorted(i for b in s for i in b) == list(range(15))
+    True
+    >>> len(s)
+    3
+    """
+
+    def __init__(self, blocks: Any, batch_size: int, window: int = WINDOW_BLOCKS, drop_last: bool = False,
+                 seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        sizes = np.asarray(blocks, dtype=_I64).reshape(-1)
+        if sizes.size and sizes.min() <= 0:
+            raise ValueError("blocks must be positive numbers of examples per block")
+        if isinstance(window, bool) or int(window) < 1:
+            raise ValueError(f"window must be an int >= 1 (blocks shuffled together), got {window!r}")
+        super().__init__(int(sizes.sum()), batch_size, shuffle=True, drop_last=drop_last, seed=seed, rank=rank,
+                         world_size=world_size)
+        self.window = int(window)
+        self._starts = np.zeros(len(sizes) + 1, _I64)  # one int per block, not per example
+        np.cumsum(sizes, out=self._starts[1:])
+
+    @property
+    def blocks(self) -> np.ndarray:
+        """Examples per block."""
+        return np.diff(self._starts)
+
+    def order(self, epoch: int) -> np.ndarray:
+        rng = self._rng(epoch, salt=2)
+        starts, sizes = self._starts[:-1], np.diff(self._starts)
+        perm = rng.permutation(len(sizes))
+        # Examples of the permuted blocks, block after block (vectorised: no Python loop per block).
+        sz = sizes[perm]
+        out_starts = np.zeros(len(sz) + 1, _I64)
+        np.cumsum(sz, out=out_starts[1:])
+        order = np.arange(self.n, dtype=_I64) - np.repeat(out_starts[:-1] - starts[perm], sz)
+        # Shuffle within each window: sort by (window, random key).
+        cuts = out_starts[:: self.window]
+        win = np.repeat(np.arange(len(cuts), dtype=_I64), np.diff(np.append(cuts, self.n)))
+        key = rng.random(self.n)
+        return order[np.lexsort((key, win))]
+
+
+def block_sizes(dataset: Any, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
+    """Examples per block of consecutive examples holding about ``block_bytes`` of stored data.
+
+    Block ``k`` holds the examples whose data starts in bytes ``[k, k + 1) * block_bytes``
+    of the served features laid end to end (as their chunks are on disk): blocks follow
+    the file's layout, and an example larger than a block is a block of its own.
+    ``dataset`` is a :class:`~h5store.serving.FileDataset` (the bytes are those of its
+    served features, each item counted once however many examples it makes), or anything
+    with ``len()``: then blocks of 256 examples.
+
+    Examples
+    --------
+    >>> block_sizes(range(600)).tolist()
+    [256, 256, 88]
+    """
+    n = len(dataset)
+    weights = _example_bytes(dataset)
+    if weights is None or n == 0:
+        full, rest = divmod(n, FALLBACK_BLOCK)
+        return np.array([FALLBACK_BLOCK] * full + ([rest] if rest else []), _I64)
+    ends = np.cumsum(weights)
+    # Block k holds the examples whose cumulative bytes fall in [k, k + 1) * block_bytes
+    # (an example larger than a block is a block of its own).
+    block = np.floor((ends - weights) / max(int(block_bytes), 1)).astype(_I64)
+    change = np.flatnonzero(np.diff(block)) + 1
+    bounds = np.concatenate([[0], change, [n]])
+    return np.diff(bounds).astype(_I64)
+
+
+def _example_bytes(dataset: Any) -> np.ndarray | None:
+    """Stored bytes per example of a FileDataset's served features (None for other datasets)."""
+    files = getattr(dataset, "files", None)
+    features = getattr(dataset, "features", None)
+    example_items = getattr(dataset, "example_items", None)
+    if files is None or features is None or example_items is None:
+        return None
+    items = np.asarray(example_items(), dtype=_I64)
+    per_item = np.zeros(len(files), np.float64)
+    for name in features:
+        spec = files.spec(name)
+        row = np.dtype(spec.dtype).itemsize * int(np.prod([d for d in spec.shape[1:] if d is not None], dtype=_I64))
+        if spec.layout == "fixed":
+            per_item += np.dtype(spec.dtype).itemsize * int(np.prod(spec.shape, dtype=_I64))
+        else:  # ragged rows (blobs: one row per blob; its bytes are unknown here, counted as 1 KiB)
+            per_item += files.lengths(name) * (row if spec.layout != "blobs" else 1024)
+    if not items.size:
+        return np.zeros(0, np.float64)
+    shares = np.bincount(items, minlength=len(files))[items]  # examples made of each example's item
+    return np.maximum(per_item[items] / shares, 1.0)
 
 
 class BucketBatchSampler(_EpochBatches):
@@ -252,23 +393,52 @@ class BucketBatchSampler(_EpochBatches):
         return total // ws if self.drop_last else math.ceil(total / ws)
 
 
-def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+def check_shuffle(shuffle: Any) -> bool | str:
+    """``shuffle`` as False, True or ``"chunks"``, else ValueError saying what to pass.
+
+    Examples
+    --------
+    >>> check_shuffle(1), check_shuffle("chunks")
+    (True, 'chunks')
+    """
+    if isinstance(shuffle, str):
+        if shuffle == "chunks":
+            return shuffle
+        raise ValueError(f"shuffle must be True, False or 'chunks' (quasi-random, chunk-aware), got {shuffle!r}")
+    if isinstance(shuffle, (bool, np.bool_)) or shuffle in (0, 1):
+        return bool(shuffle)
+    raise ValueError(f"shuffle must be True, False or 'chunks' (quasi-random, chunk-aware), got {shuffle!r}")
+
+
+def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
                  drop_last: bool = False, bucket: bool | int | None = None, rank: int = 0,
-                 world_size: int = 1) -> _EpochBatches:
+                 world_size: int = 1, block_bytes: int = BLOCK_BYTES, window: int = WINDOW_BLOCKS) -> _EpochBatches:
     """The batch sampler of every serving path (DataLoader, tf.data, :func:`~h5store.iter_batches`).
 
     ``dataset`` is anything with ``len()`` and, for ``bucket``, ``lengths()`` (a
     :class:`~h5store.serving.FileDataset`). The same sampler gives the same batches of
     indices for the same ``(seed, epoch)``, whichever loader then reads them.
+    ``shuffle="chunks"`` is the quasi-random order of :class:`QuasiRandomBatchSampler`,
+    with blocks of about ``block_bytes`` of stored data (:func:`block_sizes`) shuffled
+    ``window`` blocks at a time.
 
     Examples
     --------
     >>> s = make_sampler(range(10), 4, shuffle=True, seed=1)
     >>> sorted(i for b in s.batches(0) for i in b) == list(range(10))
     True
+    >>> q = make_sampler(range(1000), 32, shuffle="chunks", seed=1)
+    >>> sorted(i for b in q.batches(0) for i in b) == list(range(1000))
+    True
     """
     if isinstance(batch_size, bool) or int(batch_size) <= 0:
         raise ValueError(f"batch_size must be an int > 0, got {batch_size!r}")
+    shuffle = check_shuffle(shuffle)
+    if shuffle == "chunks":
+        if bucket:
+            raise ValueError("shuffle='chunks' and bucket= are two different orders; choose one")
+        return QuasiRandomBatchSampler(block_sizes(dataset, block_bytes), int(batch_size), window=window,
+                                       drop_last=drop_last, seed=seed, rank=rank, world_size=world_size)
     if bucket:
         size = None if bucket is True else int(bucket)
         return BucketBatchSampler(dataset.lengths(), int(batch_size), bucket_size=size, shuffle=shuffle, seed=seed,
