@@ -182,6 +182,26 @@ def profile_top(fn: Callable[[], Any], n: int = 12) -> str:
     return "\n".join(line for line in short if line.strip())
 
 
+def round_ratios(a: Timing | None, b: Timing | None) -> list[float]:
+    """``a``'s rate over ``b``'s in each interleaved round (runs are kept in round order)."""
+    if a is None or b is None:
+        return []
+    return [x.rate / y.rate for x, y in zip(a.runs, b.runs) if y.rate > 0]
+
+
+def fmt_round_ratios(ratios: Sequence[float]) -> str:
+    """Median per-round ratio and its range, e.g. ``1.05x (0.98-1.12)``; "-" when none."""
+    if not ratios:
+        return "-"
+    return f"{float(np.median(ratios)):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def table_load(load: tuple[float, float]) -> str:
+    """The load average (1 min) over one table's measurement, for its heading line."""
+    a, b = load
+    return f"load average {a:.1f} -> {b:.1f} on {os.cpu_count()} cores"
+
+
 # --------------------------------------------------------------------------- memory
 def tree_rss(root: int | None = None) -> int:
     """Summed RSS (bytes) of a process and all its descendants."""
