@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PIP_INSTALL := $(PIP) install -q -c constraints.txt
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-all clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ BENCH_ARGS ?=
 bench: $(VENV)/.base-installed
 	@test -f "$(FILE)" || [ "$(FILE)" != "demo-data/speech.h5" ] || $(MAKE) demo
 	$(VENV)/bin/h5store bench "$(FILE)" $(BENCH_ARGS)
+
+# Every table of benchmarks/RESULTS.md, each script writing its own section (~1 hour;
+# `make bench-all BENCH_ALL_ARGS=--quick` for a smoke run, `--only serve,cold` for a subset).
+BENCH_ALL_ARGS ?=
+bench-all: $(VENV)/.dev-installed
+	$(PY) benchmarks/run_all.py $(BENCH_ALL_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

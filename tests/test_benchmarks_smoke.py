@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["bench_serve.py", "bench_create.py", "bench_tf.py", "bench_crc.py", "bench_open.py", "bench_append.py"]
+SCRIPTS = ["bench_serve.py", "bench_create.py", "bench_tf.py", "bench_crc.py", "bench_open.py", "bench_append.py",
+           "bench_scale.py", "bench_cold.py"]
 
 
 @pytest.mark.slow
@@ -29,3 +30,18 @@ def test_quick_run_exits_cleanly(script: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "FAILED" not in proc.stderr, f"{script}: a pipeline failed:\n{proc.stderr[-5000:]}"
     assert "| " in proc.stdout  # it printed its tables
+
+
+def test_run_all_runs_every_script_and_reports_failures(tmp_path: Path) -> None:
+    """run_all.py passes its options through and exits non-zero when a script fails."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks import run_all
+
+    assert {p.name for p in run_all.scripts()} >= set(SCRIPTS)
+    assert [p.name for p in run_all.scripts("cold, bench_scale.py")] == ["bench_cold.py", "bench_scale.py"]
+    with pytest.raises(SystemExit, match="no benchmark"):
+        run_all.scripts("nope")
+    # A bad option makes the chosen script fail (argparse exits 2): run_all says so and exits 1.
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_all.py"), "--only", "cold", "--bogus"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "FAILED: bench_cold.py" in proc.stderr
