@@ -50,7 +50,7 @@ ORDERS = {"in order": False, "shuffled": True, "quasi-random": "chunks"}
 class Config:
     target_bytes: int = 1 << 30
     repeat: int = 3
-    max_seconds: float = 30.0
+    max_seconds: float = 15.0
     workers: tuple[int, ...] = (0, 2)
 
 

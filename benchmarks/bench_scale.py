@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -125,12 +124,18 @@ def rss_child(path: str, batches: int) -> dict[str, float]:
     f = C.Small(path)
     for getter, bs in ((h5s.Item("mel"), ITEM_BATCH), (h5s.Window("mel", WINDOW), WINDOW_BATCH)):
         loader = f.serve(dict(x=getter), bs, shuffle=True)
-        for k, _ in enumerate(loader):
-            if k + 1 >= batches:
-                break
+        served = 0
+        while served < batches:  # epochs follow each other until enough batches were served
+            for _ in loader:
+                served += 1
+                if served >= batches:
+                    break
         del loader
     opened = rss()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so a child would report
+    # its parent's RSS at fork time.
+    with open("/proc/self/status") as fh:
+        peak = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
     f.close()
     return {"base": base, "after": opened, "peak": peak}
 
