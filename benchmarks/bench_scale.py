@@ -7,7 +7,7 @@ The same kind of item (20-120 frames x 80 float32, ~22 KB on average) in files o
   the six loaders timed in interleaved rounds in one process, the files in the page cache;
   each size's rate is reported as a ratio to the 2,000-item rate (flat = 1.0x);
 * the peak RSS of a fresh process that imports h5store and torch, opens the file, makes the
-  loader and serves 400 batches of each kind (``ru_maxrss``), and its growth over the same
+  loader and serves 400 batches of each kind (``VmHWM``, the high-water RSS), and its growth over the same
   process's RSS after the imports. Growth that rises with the item count is per-item state
   (index tables: 16 bytes per item and feature; checksums: 4; the ids table).
 
@@ -186,7 +186,7 @@ def render(paths: dict[int, Path], tp: dict[tuple[str, int], C.Timing], mem: dic
     lines += [f"### Peak RSS, fresh process ({C.table_load(loads['memory'])})", "",
               f"A fresh process imports torch and h5store (RSS 'after imports'), opens the file, serves "
               f"{cfg.rss_batches} batches of whole items and {cfg.rss_batches} of windows; 'peak' is its "
-              "`ru_maxrss`, 'growth' the peak over the RSS after imports.", ""]
+              "`VmHWM` (high-water RSS), 'growth' the peak over the RSS after imports.", ""]
     rows = []
     g0 = mem[first]["peak"] - mem[first]["base"] if first in mem else float("nan")
     for n in sizes:
