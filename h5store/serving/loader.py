@@ -280,6 +280,21 @@ class Loader(DataLoader):
         return _LoaderIter(super().__iter__(), bs if isinstance(bs, _EpochBatches) else None)
 
     @property
+    def transform(self) -> Any:
+        """The batch transform the workers apply (see :attr:`FileDataset.transform`).
+
+        ``loader.transform = new`` in the training loop reaches every worker, persistent
+        or not, under fork, spawn and forkserver: each batch a worker builds after the
+        assignment uses ``new``. The batches already prefetched (at most
+        ``prefetch_factor * num_workers``) were built with the old one.
+        """
+        return self.dataset.transform
+
+    @transform.setter
+    def transform(self, fn: Any) -> None:
+        self.dataset.transform = fn
+
+    @property
     def skipped(self) -> list[str]:
         """Ids left out as damaged so far, by any worker (``verify="skip"``); see :class:`FileDataset`."""
         return self.dataset.skipped
@@ -313,6 +328,7 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
           in_memory: bool | Sequence[str] = False, distributed: bool = False, rank: int | None = None,
           world_size: int | None = None, mask: bool = False, bucket: bool | int | None = None,
           params: Mapping[str, Any] | SharedParams | None = None, items: Sequence[int] | np.ndarray | None = None,
+          transform: Any = None, max_frames: int | None = None, padded: bool = False,
           **loader_kwargs: Any) -> Loader:
     """A PyTorch DataLoader over an h5store file (or a :func:`~h5store.concat` of files).
 
@@ -355,6 +371,16 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
         Shared parameters: ``loader.dataset.params.crop = 128`` reaches every worker.
     items : array of int, optional
         Serve only these item positions.
+    transform : callable, optional
+        Applied to each batch in the worker that reads it, before the transfer (see
+        :mod:`h5store.serving.transforms`); ``loader.transform = other`` reaches every worker.
+    max_frames : int, optional
+        Batches sized by duration: each batch holds as many examples as fit in
+        ``max_frames`` frames of the first variable-length ``Item``
+        (:class:`~h5store.serving.DurationBatchSampler`, length-bucketed); ``batch_size``
+        is then ignored. ``bucket=N`` sets the number of length buckets.
+    padded : bool
+        With ``max_frames``: count padded frames (``examples x longest``), not real ones.
     verify : {True, False, "skip"}
         Check each served item against its stored CRC-32 in the worker that reads it
         (default): a damaged item raises :class:`~h5store.errors.CorruptRecordError`
@@ -394,15 +420,18 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
     if rank is not None or world_size is not None:
         distributed = True
     dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
-                          verify=verify)
+                          verify=verify, transform=transform)
     own = kw.get("sampler") is not None or kw.get("batch_sampler") is not None
-    if own and (distributed or bucket):
-        raise ValueError("serve: distributed= and bucket= make their own batch sampler; do not pass sampler/batch_sampler")
+    if own and (distributed or bucket or max_frames):
+        raise ValueError("serve: distributed=, bucket= and max_frames= make their own batch sampler; do not pass "
+                         "sampler/batch_sampler")
+    if max_frames is not None and batch_size is None:
+        batch_size = 1  # sized by max_frames
     r, w = _rank_world(rank, world_size) if distributed else (0, 1)
     if not own and batch_size is not None:
         batch_size = int(batch_size)
         kw["batch_sampler"] = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                                           bucket=bucket, rank=r, world_size=w)
+                                           bucket=bucket, rank=r, world_size=w, max_frames=max_frames, padded=padded)
     elif distributed or bucket:
         raise ValueError("serve: distributed= and bucket= need a batch_size")
     else:  # the user's sampler, or unbatched examples: DataLoader's own rules
