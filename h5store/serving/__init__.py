@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from h5store.serving import transforms
 from h5store.serving.api import interleave, iter_batches, serve, to_tf_dataset
 from h5store.serving.collate import Batch, pad, pad_collate, pad_collate_numpy, to_torch
 from h5store.serving.dataset import CorruptRecordWarning, FileDataset
 from h5store.serving.files import FileSet, MultiFile, concat
 from h5store.serving.getters import Frames, Getter, Id, Item, Label, Padded, Position, Request, Window
 from h5store.serving.numpy_iter import BatchIterator
-from h5store.serving import transforms
 from h5store.serving.samplers import BatchSampler, BucketBatchSampler, DurationBatchSampler, EpochIndices
 from h5store.serving.shared import SharedArray, SharedObject, SharedParams
 
