@@ -155,7 +155,6 @@ class SharedBatches:
         self.ring: _Ring | None = None
         self.slot = -1
         self.used = 0
-        self.spans: dict[int, int] = {}
         self.sent = True
 
     def reset(self) -> None:
@@ -163,7 +162,6 @@ class SharedBatches:
         if ring is not None and self.slot >= 0 and not self.sent:
             ring.flags[self.slot] = 0
         self.used = 0
-        self.spans = {}
         self.sent = False
         self.slot = ring.take() if ring is not None else -1
 
@@ -186,8 +184,28 @@ class SharedBatches:
         assert self.ring is not None
         start = self.ring.start(self.slot) + off
         a = self.ring.np[start : start + n].view(dtype).reshape(shape)
-        self.spans[id(a)] = off
         return a
+
+    def _placed(self, v: np.ndarray) -> int | None:
+        """Offset of ``v`` in this batch's slot when it was carved there (its bytes, not its id), else None."""
+        ring = self.ring
+        if ring is None or self.slot < 0 or not v.flags.c_contiguous:
+            return None
+        off = v.ctypes.data - (ring.np.ctypes.data + ring.start(self.slot))
+        return off if 0 <= off and off + v.nbytes <= self.used else None
+
+    def _layout(self, ring: _Ring, arrays: Mapping[str, np.ndarray],
+                placed: Mapping[str, int | None]) -> dict[str, tuple[int, str, tuple[int, ...]]]:
+        layout: dict[str, tuple[int, str, tuple[int, ...]]] = {}
+        base = ring.start(self.slot)
+        for key, v in arrays.items():
+            off = placed[key]
+            if off is None:
+                off = self._carve(v.nbytes)
+                assert off is not None  # room was checked by pack()
+                ring.np[base + off : base + off + v.nbytes].view(v.dtype).reshape(v.shape)[...] = v
+            layout[key] = (off, v.dtype.str, v.shape)
+        return layout
 
     def pack(self, batch: Mapping[str, Any]) -> RingBatch | dict[str, Any]:
         """The batch as a :class:`RingBatch` (or plain tensors when no slot is free)."""
@@ -198,22 +216,31 @@ class SharedBatches:
             if self.ring is not None and self.slot >= 0:
                 self.ring.flags[self.slot] = 0
             self.ring = _Ring(self.slots, max(1 << 20, -(-2 * need // _PAGE) * _PAGE))
-            self.spans = {}
             self.used = 0
             self.slot = self.ring.take()
         ring = self.ring
         if self.slot < 0:
             self.sent = True
             return to_torch(batch)
-        layout: dict[str, tuple[int, str, tuple[int, ...]]] = {}
-        base = ring.start(self.slot)
-        for key, v in arrays.items():
-            off = self.spans.get(id(v))
-            if off is None:
-                off = self._carve(v.nbytes)
-                assert off is not None  # need <= slot_bytes, and the slot holds only this batch
-                ring.np[base + off : base + off + v.nbytes].view(v.dtype).reshape(v.shape)[...] = v
-            layout[key] = (off, v.dtype.str, v.shape)
+        placed = {k: self._placed(v) for k, v in arrays.items()}
+        fresh = sum(-(-v.nbytes // _ALIGN) * _ALIGN for k, v in arrays.items() if placed[k] is None)
+        if -(-self.used // _ALIGN) * _ALIGN + fresh > ring.slot_bytes:
+            # A transform replaced arrays that were carved here: lay the whole batch out
+            # afresh in another slot (this one is freed once the batch is copied out of it).
+            old = self.slot
+            self.slot = ring.take()
+            if self.slot < 0:  # copies: the freed slot may be refilled before the batch is sent
+                self.sent = True
+                out_batch = to_torch({k: np.array(v) if k in arrays else v for k, v in batch.items()})
+                ring.flags[old] = 0
+                return out_batch
+            self.used = 0
+            placed = dict.fromkeys(arrays)
+            out = self._layout(ring, arrays, placed)
+            ring.flags[old] = 0
+        else:
+            out = self._layout(ring, arrays, placed)
+        layout, base = out, ring.start(self.slot)
         other = to_torch({k: v for k, v in batch.items() if k not in layout})
         self.sent = True
         return RingBatch(ring.tensor, self.slot, base, layout, other, list(batch))
