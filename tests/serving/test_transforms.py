@@ -314,3 +314,22 @@ def test_duration_sampler_resume_through_serve(speech) -> None:
     again.load_state_dict(state)
     rest = [b["pos"].tolist() for b in again]
     assert sorted(i for b in head + rest for i in b) == list(range(len(speech)))
+
+
+def test_transformed_batches_larger_than_the_slot_layout_survive_workers(tmp_path) -> None:
+    """A transform's new arrays on top of the carved ones overflow the worker's slot: the batch
+    moves to another slot whole, and arrives equal to the in-process result."""
+    from tests.serving.schemas import Speech, mel_of
+
+    path = tmp_path / "big.h5"
+    sizes = [10_000] * 4 + [15_000] * 8
+    with Speech(path, mode="w") as w:
+        w.extend([(f"id{i:03d}", {"mel": mel_of(3, i, n), "label": i}) for i, n in enumerate(sizes)])
+    with Speech(path) as f:
+        kw = dict(batch_size=4, transform=T.Compose([T.Gain("x", -3, 3), Noisy()]))
+        ref = _epoch(f.serve(BATCH, **kw))
+        got = _epoch(f.serve(BATCH, num_workers=1, multiprocessing_context="fork", **kw))
+    assert len(ref) == len(got) == 3
+    for a, b in zip(ref, got):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
