@@ -17,7 +17,7 @@ import numpy as np
 from h5store.errors import SchemaError
 from h5store.serving.collate import Batch, lengths_mask, pad_collate_numpy, to_torch
 from h5store.serving.files import FileSet, split_name
-from h5store.serving.getters import Getter, Item, Padded, Request
+from h5store.serving.getters import Getter, Item, Padded, Request, Window
 from h5store.serving.shared import _EPOCH, SharedFlags, SharedObject, SharedParams
 from h5store.serving.transforms import apply_transform, batch_rng
 
@@ -222,17 +222,24 @@ class FileDataset:
         """Length (rows) of every example's value for ``key``: what length-bucketing sorts by.
 
         ``key`` defaults to the first :class:`~h5store.serving.getters.Item` of a
-        variable-length feature.
+        variable-length feature, else the first :class:`~h5store.serving.getters.Window`
+        (its length, or the item's when shorter).
         """
         if key is None:
             key = next((k for k, g in self.getters.items() if isinstance(g, Item)
                         and self.files.spec(split_name(g.feature)[1]).layout != "fixed"), None)
             if key is None:
-                raise SchemaError("no variable-length Item in the batch to take lengths from; name a key")
+                key = next((k for k, g in self.getters.items() if isinstance(g, Window)), None)
+            if key is None:
+                raise SchemaError("no variable-length Item or Window in the batch to take lengths from; name a key")
         g = self.getters[key]
         if not g.features:
             raise SchemaError(f"batch[{key!r}] reads no feature: it has no lengths")
-        return self.files.lengths(split_name(g.features[0])[1])[self.example_items()]
+        lengths = self.files.lengths(split_name(g.features[0])[1])[self.example_items()]
+        if isinstance(g, Window):
+            size = g.length if isinstance(g.length, int) else int(self.params[g.length])
+            lengths = np.minimum(lengths, size)
+        return lengths
 
     # -- epochs and parameters ---------------------------------------------------------
     @property

@@ -333,3 +333,15 @@ def test_transformed_batches_larger_than_the_slot_layout_survive_workers(tmp_pat
     for a, b in zip(ref, got):
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_max_frames_with_windows(speech) -> None:
+    """Windows have one length: max_frames then sets how many fit (items shorter than the window count less)."""
+    batch = dict(x=h5s.Window("mel", 8), pos=h5s.Position())
+    loader = speech.serve(batch, shuffle=True, max_frames=40, mask=True)
+    seen = []
+    for b in loader:
+        assert int(b["x_lengths"].sum()) <= 40
+        seen.extend(b["pos"].tolist())
+    assert sorted(seen) == list(range(len(speech)))
+    assert max(len(b["pos"]) for b in loader) >= 5
