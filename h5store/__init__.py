@@ -35,7 +35,7 @@ from h5store.features import (
     Text,
 )
 from h5store.schema import Feature, Group, Schema, Source, feature_types, register_feature
-from h5store.serving import interleave
+from h5store.serving import interleave, transforms
 from h5store.serving.files import concat
 from h5store.serving.getters import Frames, Getter, Id, Item, Label, Position, Window
 from h5store.typed_file import TypedFile, open
@@ -85,4 +85,5 @@ __all__ = [
     "interleave",
     "open",
     "register_feature",
+    "transforms",
 ]

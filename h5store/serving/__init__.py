@@ -17,8 +17,10 @@ Module map::
     files.py     FileSet (batched reads over one or many files), MultiFile, concat
     dataset.py   FileDataset: __getitems__ / fetch, one planned read per feature per batch
     collate.py   padding, lengths and masks; numpy -> torch
-    samplers.py  BatchSampler, BucketBatchSampler, QuasiRandomBatchSampler: epochs, ranks, resumable state
-    shared.py    SharedParams and SharedArray in /dev/shm (no Manager, no copies)
+    samplers.py  BatchSampler, BucketBatchSampler, QuasiRandomBatchSampler, DurationBatchSampler:
+                 epochs, ranks, resumable state
+    transforms.py  batch augmentations (Gain, AddNoise, SpecAugment, Mixup...), seeded per batch
+    shared.py    SharedParams, SharedArray, SharedObject in /dev/shm (no Manager, no copies)
     loader.py    serve() and Loader (imports torch)
     numpy_iter.py  iter_batches(): batches read ahead by threads, numpy only (JAX, plain loops)
     tf.py        to_tf_dataset() and interleave(): tf.data pipelines (imports tensorflow)
@@ -28,14 +30,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from h5store.serving import transforms
 from h5store.serving.api import interleave, iter_batches, serve, to_tf_dataset
 from h5store.serving.collate import Batch, pad, pad_collate, pad_collate_numpy, to_torch
 from h5store.serving.dataset import CorruptRecordWarning, FileDataset
 from h5store.serving.files import FileSet, MultiFile, concat
 from h5store.serving.getters import Frames, Getter, Id, Item, Label, Padded, Position, Request, Window
 from h5store.serving.numpy_iter import BatchIterator
-from h5store.serving.samplers import BatchSampler, BucketBatchSampler, EpochIndices, QuasiRandomBatchSampler
-from h5store.serving.shared import SharedArray, SharedParams
+from h5store.serving.samplers import (
+    BatchSampler,
+    BucketBatchSampler,
+    DurationBatchSampler,
+    EpochIndices,
+    QuasiRandomBatchSampler,
+)
+from h5store.serving.shared import SharedArray, SharedObject, SharedParams
 
 __all__ = [
     "Batch",
@@ -43,6 +52,7 @@ __all__ = [
     "BatchSampler",
     "BucketBatchSampler",
     "CorruptRecordWarning",
+    "DurationBatchSampler",
     "EpochIndices",
     "FileDataset",
     "FileSet",
@@ -57,6 +67,7 @@ __all__ = [
     "QuasiRandomBatchSampler",
     "Request",
     "SharedArray",
+    "SharedObject",
     "SharedParams",
     "Window",
     "concat",
@@ -68,6 +79,7 @@ __all__ = [
     "serve",
     "to_tf_dataset",
     "to_torch",
+    "transforms",
 ]
 
 

@@ -17,8 +17,9 @@ import numpy as np
 from h5store.errors import SchemaError
 from h5store.serving.collate import Batch, lengths_mask, pad_collate_numpy, to_torch
 from h5store.serving.files import FileSet, split_name
-from h5store.serving.getters import Getter, Item, Padded, Request
-from h5store.serving.shared import _EPOCH, SharedFlags, SharedParams
+from h5store.serving.getters import Getter, Item, Padded, Request, Window
+from h5store.serving.shared import _EPOCH, SharedFlags, SharedObject, SharedParams
+from h5store.serving.transforms import apply_transform, batch_rng
 
 __all__ = ["CorruptRecordWarning", "FileDataset"]
 
@@ -27,6 +28,18 @@ _I64 = np.int64
 
 class CorruptRecordWarning(UserWarning):
     """A damaged item was left out of a batch (serving with ``verify="skip"``)."""
+
+
+def _check_transform(fn: Any) -> None:
+    if fn is not None and not callable(fn):
+        raise TypeError(f"transform must be a callable taking a batch (a dict of arrays) and returning one, got {fn!r}")
+
+
+def _indices_key(idx: np.ndarray) -> int:
+    """A batch number for indices from a sampler of the user's: a hash of the indices."""
+    import zlib
+
+    return zlib.crc32(np.ascontiguousarray(idx, dtype=_I64).tobytes())
 
 
 class FileDataset:
@@ -63,6 +76,12 @@ class FileDataset:
         items are checked over the bytes read for the batch; a part of an item (a
         ``Window``, ``Frames``) is checked by reading the whole item the first time any
         part of it is served in a process (a bitmap per feature), not at later reads.
+    transform : callable, optional
+        Applied to every batch after it is read and collated, in the process that reads
+        it (a DataLoader worker): ``fn(batch) -> batch``, or a
+        :class:`~h5store.serving.transforms.Transform`, whose randomness is seeded from
+        ``(seed, epoch, batch number)``. Assigning :attr:`transform` later reaches every
+        worker from the next batch it builds.
 
     Examples
     --------
@@ -77,7 +96,8 @@ class FileDataset:
 
     def __init__(self, file: Any, batch: Mapping[str, Getter], *, params: Mapping[str, Any] | SharedParams | None = None,
                  seed: int = 0, mask: bool = False, in_memory: bool | Sequence[str] = False,
-                 items: Sequence[int] | np.ndarray | None = None, verify: bool | str = True) -> None:
+                 items: Sequence[int] | np.ndarray | None = None, verify: bool | str = True,
+                 transform: Any = None) -> None:
         if not isinstance(batch, Mapping) or not batch:
             raise SchemaError(f"batch must be a non-empty dict of key -> getter, e.g. dict(x=h5s.Item('mel'), "
                               f"y=h5s.Label('label')), got {batch!r}")
@@ -97,6 +117,8 @@ class FileDataset:
         for g in self.getters.values():
             g.check(self.files)
         self.params = params if isinstance(params, SharedParams) else SharedParams(dict(params or {}))
+        _check_transform(transform)
+        self._transform = SharedObject(transform)
         self.seed = int(seed)
         self.mask = bool(mask)
         self.features = sorted({split_name(n)[1] for g in self.getters.values() for n in g.features})
@@ -200,17 +222,24 @@ class FileDataset:
         """Length (rows) of every example's value for ``key``: what length-bucketing sorts by.
 
         ``key`` defaults to the first :class:`~h5store.serving.getters.Item` of a
-        variable-length feature.
+        variable-length feature, else the first :class:`~h5store.serving.getters.Window`
+        (its length, or the item's when shorter).
         """
         if key is None:
             key = next((k for k, g in self.getters.items() if isinstance(g, Item)
                         and self.files.spec(split_name(g.feature)[1]).layout != "fixed"), None)
             if key is None:
-                raise SchemaError("no variable-length Item in the batch to take lengths from; name a key")
+                key = next((k for k, g in self.getters.items() if isinstance(g, Window)), None)
+            if key is None:
+                raise SchemaError("no variable-length Item or Window in the batch to take lengths from; name a key")
         g = self.getters[key]
         if not g.features:
             raise SchemaError(f"batch[{key!r}] reads no feature: it has no lengths")
-        return self.files.lengths(split_name(g.features[0])[1])[self.example_items()]
+        lengths = self.files.lengths(split_name(g.features[0])[1])[self.example_items()]
+        if isinstance(g, Window):
+            size = g.length if isinstance(g.length, int) else int(self.params[g.length])
+            lengths = np.minimum(lengths, size)
+        return lengths
 
     # -- epochs and parameters ---------------------------------------------------------
     @property
@@ -226,12 +255,28 @@ class FileDataset:
         """
         self.params._write(_EPOCH, int(epoch))
 
+    @property
+    def transform(self) -> Any:
+        """The batch transform (None: none). Assigning one reaches every process reading this
+        dataset (DataLoader workers, persistent or not, under fork, spawn and forkserver) at
+        the next batch it builds: batches already built or being built (up to
+        ``prefetch_factor * num_workers`` of them) keep the transform they were built with.
+        """
+        return self._transform.get()
+
+    @transform.setter
+    def transform(self, fn: Any) -> None:
+        _check_transform(fn)
+        self._transform.set(fn)
+
     # -- reading -----------------------------------------------------------------------
-    def fetch(self, indices: Iterable[int] | np.ndarray, epoch: int | None = None) -> Batch:
+    def fetch(self, indices: Iterable[int] | np.ndarray, epoch: int | None = None, number: int | None = None) -> Batch:
         """The examples at ``indices``, collated: a :class:`~h5store.serving.collate.Batch` of numpy arrays.
 
         Padded values come with ``{key}_lengths`` (and ``{key}_mask`` when ``mask``);
-        one planned read per feature and file for the whole batch.
+        one planned read per feature and file for the whole batch. ``number`` is the batch's
+        number in its epoch (it seeds the :attr:`transform`'s randomness; by default the
+        indices' own ``batch``, as the samplers of :func:`~h5store.serving.serve` give).
 
         Examples
         --------
@@ -239,9 +284,10 @@ class FileDataset:
         >>> {k: v.shape for k, v in b.items()}  # doctest: +SKIP
         {'x': (16, 64, 80), 'y': (16,)}
         """
-        return self._fetch(indices, epoch)[0]
+        return self._fetch(indices, epoch, number)[0]
 
-    def _fetch(self, indices: Iterable[int] | np.ndarray, epoch: int | None) -> tuple[Batch, set[str]]:
+    def _fetch(self, indices: Iterable[int] | np.ndarray, epoch: int | None,
+               number: int | None = None) -> tuple[Batch, set[str]]:
         reset = getattr(self.files.alloc, "reset", None)
         if reset is not None:
             reset()
@@ -254,8 +300,18 @@ class FileDataset:
         if idx.size and idx.min() < 0:
             idx = np.where(idx < 0, idx + len(self), idx)
         if self._skipped is not None:
-            return self._fetch_skipping(idx, items, subs, int(epoch))
-        return self._read(idx, items, subs, int(epoch))
+            batch, ragged = self._fetch_skipping(idx, items, subs, int(epoch))
+        else:
+            batch, ragged = self._read(idx, items, subs, int(epoch))
+        transform = self._transform.get()
+        if transform is not None:
+            if number is None:
+                number = getattr(indices, "batch", -1)
+            if number is None or number < 0:  # a sampler of your own: the batch is known by its indices
+                number = _indices_key(idx)
+            out = apply_transform(transform, batch, batch_rng(self.seed, int(epoch), int(number)))
+            batch = out if isinstance(out, Batch) else Batch(out)
+        return batch, ragged
 
     def _fetch_skipping(self, idx: np.ndarray, items: np.ndarray, subs: np.ndarray,
                         epoch: int) -> tuple[Batch, set[str]]:

@@ -155,7 +155,6 @@ class SharedBatches:
         self.ring: _Ring | None = None
         self.slot = -1
         self.used = 0
-        self.spans: dict[int, int] = {}
         self.sent = True
 
     def reset(self) -> None:
@@ -163,7 +162,6 @@ class SharedBatches:
         if ring is not None and self.slot >= 0 and not self.sent:
             ring.flags[self.slot] = 0
         self.used = 0
-        self.spans = {}
         self.sent = False
         self.slot = ring.take() if ring is not None else -1
 
@@ -186,8 +184,28 @@ class SharedBatches:
         assert self.ring is not None
         start = self.ring.start(self.slot) + off
         a = self.ring.np[start : start + n].view(dtype).reshape(shape)
-        self.spans[id(a)] = off
         return a
+
+    def _placed(self, v: np.ndarray) -> int | None:
+        """Offset of ``v`` in this batch's slot when it was carved there (its bytes, not its id), else None."""
+        ring = self.ring
+        if ring is None or self.slot < 0 or not v.flags.c_contiguous:
+            return None
+        off = v.ctypes.data - (ring.np.ctypes.data + ring.start(self.slot))
+        return off if 0 <= off and off + v.nbytes <= self.used else None
+
+    def _layout(self, ring: _Ring, arrays: Mapping[str, np.ndarray],
+                placed: Mapping[str, int | None]) -> dict[str, tuple[int, str, tuple[int, ...]]]:
+        layout: dict[str, tuple[int, str, tuple[int, ...]]] = {}
+        base = ring.start(self.slot)
+        for key, v in arrays.items():
+            off = placed[key]
+            if off is None:
+                off = self._carve(v.nbytes)
+                assert off is not None  # room was checked by pack()
+                ring.np[base + off : base + off + v.nbytes].view(v.dtype).reshape(v.shape)[...] = v
+            layout[key] = (off, v.dtype.str, v.shape)
+        return layout
 
     def pack(self, batch: Mapping[str, Any]) -> RingBatch | dict[str, Any]:
         """The batch as a :class:`RingBatch` (or plain tensors when no slot is free)."""
@@ -198,22 +216,31 @@ class SharedBatches:
             if self.ring is not None and self.slot >= 0:
                 self.ring.flags[self.slot] = 0
             self.ring = _Ring(self.slots, max(1 << 20, -(-2 * need // _PAGE) * _PAGE))
-            self.spans = {}
             self.used = 0
             self.slot = self.ring.take()
         ring = self.ring
         if self.slot < 0:
             self.sent = True
             return to_torch(batch)
-        layout: dict[str, tuple[int, str, tuple[int, ...]]] = {}
-        base = ring.start(self.slot)
-        for key, v in arrays.items():
-            off = self.spans.get(id(v))
-            if off is None:
-                off = self._carve(v.nbytes)
-                assert off is not None  # need <= slot_bytes, and the slot holds only this batch
-                ring.np[base + off : base + off + v.nbytes].view(v.dtype).reshape(v.shape)[...] = v
-            layout[key] = (off, v.dtype.str, v.shape)
+        placed = {k: self._placed(v) for k, v in arrays.items()}
+        fresh = sum(-(-v.nbytes // _ALIGN) * _ALIGN for k, v in arrays.items() if placed[k] is None)
+        if -(-self.used // _ALIGN) * _ALIGN + fresh > ring.slot_bytes:
+            # A transform replaced arrays that were carved here: lay the whole batch out
+            # afresh in another slot (this one is freed once the batch is copied out of it).
+            old = self.slot
+            self.slot = ring.take()
+            if self.slot < 0:  # copies: the freed slot may be refilled before the batch is sent
+                self.sent = True
+                out_batch = to_torch({k: np.array(v) if k in arrays else v for k, v in batch.items()})
+                ring.flags[old] = 0
+                return out_batch
+            self.used = 0
+            placed = dict.fromkeys(arrays)
+            out = self._layout(ring, arrays, placed)
+            ring.flags[old] = 0
+        else:
+            out = self._layout(ring, arrays, placed)
+        layout, base = out, ring.start(self.slot)
         other = to_torch({k: v for k, v in batch.items() if k not in layout})
         self.sent = True
         return RingBatch(ring.tensor, self.slot, base, layout, other, list(batch))
@@ -280,6 +307,21 @@ class Loader(DataLoader):
         return _LoaderIter(super().__iter__(), bs if isinstance(bs, _EpochBatches) else None)
 
     @property
+    def transform(self) -> Any:
+        """The batch transform the workers apply (see :attr:`FileDataset.transform`).
+
+        ``loader.transform = new`` in the training loop reaches every worker, persistent
+        or not, under fork, spawn and forkserver: each batch a worker builds after the
+        assignment uses ``new``. The batches already prefetched (at most
+        ``prefetch_factor * num_workers``) were built with the old one.
+        """
+        return self.dataset.transform
+
+    @transform.setter
+    def transform(self, fn: Any) -> None:
+        self.dataset.transform = fn
+
+    @property
     def skipped(self) -> list[str]:
         """Ids left out as damaged so far, by any worker (``verify="skip"``); see :class:`FileDataset`."""
         return self.dataset.skipped
@@ -313,6 +355,7 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
           in_memory: bool | Sequence[str] = False, distributed: bool = False, rank: int | None = None,
           world_size: int | None = None, mask: bool = False, bucket: bool | int | None = None,
           params: Mapping[str, Any] | SharedParams | None = None, items: Sequence[int] | np.ndarray | None = None,
+          transform: Any = None, max_frames: int | None = None, padded: bool = False,
           **loader_kwargs: Any) -> Loader:
     """A PyTorch DataLoader over an h5store file (or a :func:`~h5store.concat` of files).
 
@@ -355,6 +398,16 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
         Shared parameters: ``loader.dataset.params.crop = 128`` reaches every worker.
     items : array of int, optional
         Serve only these item positions.
+    transform : callable, optional
+        Applied to each batch in the worker that reads it, before the transfer (see
+        :mod:`h5store.serving.transforms`); ``loader.transform = other`` reaches every worker.
+    max_frames : int, optional
+        Batches sized by duration: each batch holds as many examples as fit in
+        ``max_frames`` frames of the first variable-length ``Item``
+        (:class:`~h5store.serving.DurationBatchSampler`, length-bucketed); ``batch_size``
+        is then ignored. ``bucket=N`` sets the number of length buckets.
+    padded : bool
+        With ``max_frames``: count padded frames (``examples x longest``), not real ones.
     verify : {True, False, "skip"}
         Check each served item against its stored CRC-32 in the worker that reads it
         (default): a damaged item raises :class:`~h5store.errors.CorruptRecordError`
@@ -394,15 +447,18 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
     if rank is not None or world_size is not None:
         distributed = True
     dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
-                          verify=verify)
+                          verify=verify, transform=transform)
     own = kw.get("sampler") is not None or kw.get("batch_sampler") is not None
-    if own and (distributed or bucket):
-        raise ValueError("serve: distributed= and bucket= make their own batch sampler; do not pass sampler/batch_sampler")
+    if own and (distributed or bucket or max_frames):
+        raise ValueError("serve: distributed=, bucket= and max_frames= make their own batch sampler; do not pass "
+                         "sampler/batch_sampler")
+    if max_frames is not None and batch_size is None:
+        batch_size = 1  # sized by max_frames
     r, w = _rank_world(rank, world_size) if distributed else (0, 1)
     if not own and batch_size is not None:
         batch_size = int(batch_size)
         kw["batch_sampler"] = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                                           bucket=bucket, rank=r, world_size=w)
+                                           bucket=bucket, rank=r, world_size=w, max_frames=max_frames, padded=padded)
     elif distributed or bucket:
         raise ValueError("serve: distributed= and bucket= need a batch_size")
     else:  # the user's sampler, or unbatched examples: DataLoader's own rules

@@ -191,7 +191,7 @@ class _Pipeline:
                 k = self.next_task
                 self.next_task += 1
             try:
-                result: Batch | _Failure = self.dataset.fetch(self.batches[k], epoch=self.epoch)
+                result: Batch | _Failure = self.dataset.fetch(self.batches[k], epoch=self.epoch, number=k)
             except BaseException as e:  # noqa: BLE001 - handed to the loop, raised there
                 result = _Failure(e)
             with cond:
@@ -272,7 +272,7 @@ class BatchIterator:
             if self._pos >= len(self._batches):
                 raise StopIteration
             self._pos += 1
-            return self.dataset.fetch(self._batches[self._pos - 1], epoch=self.epoch)
+            return self.dataset.fetch(self._batches[self._pos - 1], epoch=self.epoch, number=self._pos - 1)
         pipe = self._pipe
         result = pipe.take() if pipe is not None else None
         if result is None:
@@ -310,7 +310,8 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int 
                  epoch: int = 0, prefetch: int = 2, params: Mapping[str, Any] | SharedParams | None = None,
                  mask: bool = False, bucket: bool | int | None = None,
                  items: Sequence[int] | np.ndarray | None = None, in_memory: bool | Sequence[str] = False,
-                 rank: int = 0, world_size: int = 1) -> BatchIterator:
+                 rank: int = 0, world_size: int = 1, transform: Any = None, max_frames: int | None = None,
+                 padded: bool = False) -> BatchIterator:
     """One epoch of batches as dicts of numpy arrays, read ahead by background threads.
 
     The implementation of ``f.iter_batches(...)`` (:func:`h5store.serving.api.iter_batches`,
@@ -346,8 +347,8 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int 
         Drop the last incomplete batch.
     epoch : int
         Which epoch to serve (its order and crops).
-    params, mask, bucket, items, in_memory, rank, world_size
-        As for :func:`~h5store.serving.serve`.
+    params, mask, bucket, items, in_memory, rank, world_size, transform, max_frames, padded
+        As for :func:`~h5store.serving.serve` (``transform`` runs in the reader threads).
     verify : {True, False, "skip"}
         Check each served item against its stored CRC-32 (default; a damaged one raises
         :class:`~h5store.errors.CorruptRecordError`), ``"skip"`` damaged items (warned, listed
@@ -370,14 +371,15 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int 
     if isinstance(file, FileDataset):
         if batch is not None:
             raise TypeError("iter_batches(dataset, ...): a FileDataset has its getters already; pass batch=None")
-        if params is not None or mask or items is not None or in_memory:
-            raise TypeError("iter_batches(dataset, ...): params, mask, items and in_memory belong to the FileDataset")
+        if params is not None or mask or items is not None or in_memory or transform is not None:
+            raise TypeError("iter_batches(dataset, ...): params, mask, items, in_memory and transform belong to the "
+                            "FileDataset")
         dataset = file
     else:
         if batch is None:
             raise TypeError("iter_batches: pass batch=dict(key=getter, ...)")
         dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
-                              verify=verify)
+                              verify=verify, transform=transform)
     sampler = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, bucket=bucket,
-                           rank=rank, world_size=world_size)
+                           rank=rank, world_size=world_size, max_frames=max_frames, padded=padded)
     return BatchIterator(dataset, sampler.batches(int(epoch)), int(epoch), prefetch, threads)

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BatchSampler", "BucketBatchSampler", "EpochIndices", "QuasiRandomBatchSampler", "block_sizes",
-           "check_shuffle", "make_sampler"]
+__all__ = ["BatchSampler", "BucketBatchSampler", "DurationBatchSampler", "EpochIndices", "QuasiRandomBatchSampler",
+           "block_sizes", "check_shuffle", "make_sampler"]
 
 #: ``shuffle=`` values every serving path takes: in order, a permutation, or quasi-random.
 SHUFFLES = (False, True, "chunks")
@@ -44,16 +44,19 @@ _I64 = np.int64
 
 
 class EpochIndices(list):  # type: ignore[type-arg]
-    """A batch's indices (a list of int) with the ``epoch`` they were drawn in."""
+    """A batch's indices (a list of int) with the ``epoch`` they were drawn in and the
+    ``batch`` number within it (what seeds a batch's augmentation; -1 when unknown)."""
 
     epoch: int
+    batch: int
 
-    def __init__(self, indices: Any, epoch: int) -> None:
+    def __init__(self, indices: Any, epoch: int, batch: int = -1) -> None:
         super().__init__(indices)
         self.epoch = epoch
+        self.batch = batch
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (EpochIndices, (list(self), self.epoch))
+        return (EpochIndices, (list(self), self.epoch, self.batch))
 
 
 class _EpochBatches:
@@ -91,9 +94,9 @@ class _EpochBatches:
         self.epoch = epoch
         batches = self.batches(epoch)
         self._yielded = self._delivered = skip
-        for b in batches[skip:]:
+        for k, b in enumerate(batches[skip:], start=skip):
             self._yielded += 1
-            yield EpochIndices(b.tolist(), epoch)
+            yield EpochIndices(b.tolist(), epoch, k)
 
     def __len__(self) -> int:
         return len(self.batches(0))
@@ -393,6 +396,132 @@ class BucketBatchSampler(_EpochBatches):
         return total // ws if self.drop_last else math.ceil(total / ws)
 
 
+class DurationBatchSampler(_EpochBatches):
+    """Batches filled up to a budget of frames, from buckets of similar lengths (lhotse's dynamic batches).
+
+    Speech items run from 1 to 10 s: a fixed number of items per batch wastes memory on
+    long batches and time on short ones. This sampler fills each batch up to
+    ``max_frames``: the total of its items' lengths (``padded=False``), or the padded size
+    the batch will have, ``items x longest`` (``padded=True``: what the GPU holds). Items
+    are first sorted into ``num_buckets`` buckets of similar length (quantiles of the
+    lengths), so a batch's items are alike and padding stays small.
+
+    Every epoch: the items are shuffled from ``(seed, epoch)``, each bucket is cut into
+    batches in that order, and the batches are shuffled. Every item appears exactly once
+    per epoch (per rank: batches are dealt round-robin, with equal counts per rank, see
+    the module notes). The number of batches may differ slightly between epochs.
+
+    Parameters
+    ----------
+    lengths : array of int
+        Length (frames) of every example (``dataset.lengths()``).
+    max_frames : int
+        Budget per batch; an item longer than it is refused (crop it with ``h5s.Window``
+        or raise the budget).
+    padded : bool
+        Count padded frames (``len(batch) * longest``) rather than real ones.
+    num_buckets : int
+        Length buckets (more: less padding, batches of less varied lengths).
+    shuffle, seed, drop_last, rank, world_size
+        As :class:`BatchSampler`.
+
+    Examples
+    --------
+    >>> lengths = np.random.default_rng(0).integers(100, 1000, 500)
+    >>> s = DurationBatchSampler(lengths, max_frames=4000, shuffle=True)
+    >>> all(lengths[b].sum() <= 4000 for b in s.batches(0))
+    True
+    >>> sorted(i for b in s.batches(0) for i in b) == list(range(500))
+    True
+    """
+
+    def __init__(self, lengths: Any, max_frames: int, padded: bool = False, num_buckets: int = 10,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, rank: int = 0,
+                 world_size: int = 1) -> None:
+        super().__init__(seed, rank, world_size, drop_last)
+        self.lengths = np.asarray(lengths, dtype=_I64).reshape(-1)
+        if isinstance(max_frames, bool) or int(max_frames) <= 0:
+            raise ValueError(f"max_frames must be an int > 0, got {max_frames!r}")
+        self.max_frames = int(max_frames)
+        self.padded = bool(padded)
+        self.shuffle = bool(shuffle)
+        if int(num_buckets) < 1:
+            raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+        too_long = np.flatnonzero(self.lengths > self.max_frames)
+        if too_long.size:
+            raise ValueError(
+                f"{too_long.size} example(s) are longer than max_frames={self.max_frames} (the longest: "
+                f"{int(self.lengths.max())} frames, example {int(too_long[np.argmax(self.lengths[too_long])])}): "
+                "raise max_frames, crop with h5s.Window, or leave them out with items="
+            )
+        if self.lengths.size:
+            qs = np.quantile(self.lengths, np.linspace(0, 1, int(num_buckets) + 1)[1:-1])
+            self.edges = np.unique(qs.astype(_I64))
+        else:
+            self.edges = np.zeros(0, _I64)
+        self.num_buckets = int(num_buckets)
+        self._cached: tuple[int, list[np.ndarray]] | None = None
+
+    def _pack(self, members: np.ndarray) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        lengths = self.lengths[members].tolist()
+        budget, padded = self.max_frames, self.padded
+        start, total, longest = 0, 0, 0
+        for j, n in enumerate(lengths):
+            longest2 = max(longest, n)
+            cost = (j - start + 1) * longest2 if padded else total + n
+            if cost > budget and j > start:
+                out.append(members[start:j])
+                start, total, longest2 = j, 0, n
+            total += n
+            longest = longest2
+        if start < len(lengths):
+            out.append(members[start:])
+        return out
+
+    def _all(self, epoch: int) -> list[np.ndarray]:
+        if self._cached is not None and self._cached[0] == epoch:
+            return self._cached[1]
+        n = len(self.lengths)
+        rng = self._rng(epoch)
+        order = rng.permutation(n) if self.shuffle else np.argsort(self.lengths, kind="stable")
+        bucket = np.searchsorted(self.edges, self.lengths[order], side="right")
+        out: list[np.ndarray] = []
+        for k in range(len(self.edges) + 1):
+            members = order[bucket == k]
+            if members.size:
+                out.extend(self._pack(members.astype(_I64, copy=False)))
+        if self.shuffle:
+            out = [out[i] for i in rng.permutation(len(out))]
+        out = self._split(out)
+        self._cached = (epoch, out)
+        return out
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        return self._all(epoch)
+
+    def __len__(self) -> int:
+        return len(self._all(self.epoch))
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["num_batches"] = len(self._all(state["epoch"]))
+        state["max_frames"], state["padded"] = self.max_frames, self.padded
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, mine in (("seed", self.seed), ("world_size", self.world_size), ("max_frames", self.max_frames),
+                          ("padded", self.padded)):
+            if key in state and state[key] != mine:
+                raise ValueError(f"state was saved with {key}={state[key]}, this sampler has {mine}")
+        if "num_batches" in state and state["num_batches"] != len(self._all(int(state["epoch"]))):
+            raise ValueError("state was saved with other lengths (a different number of batches in its epoch): "
+                             "resume with the same dataset and settings")
+        self._next_epoch = int(state["epoch"])
+        self._skip = int(state["batches"])
+        self.epoch = self._next_epoch
+
+
 def check_shuffle(shuffle: Any) -> bool | str:
     """``shuffle`` as False, True or ``"chunks"``, else ValueError saying what to pass.
 
@@ -412,7 +541,8 @@ def check_shuffle(shuffle: Any) -> bool | str:
 
 def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
                  drop_last: bool = False, bucket: bool | int | None = None, rank: int = 0,
-                 world_size: int = 1, block_bytes: int = BLOCK_BYTES, window: int = WINDOW_BLOCKS) -> _EpochBatches:
+                 world_size: int = 1, block_bytes: int = BLOCK_BYTES, window: int = WINDOW_BLOCKS,
+                 max_frames: int | None = None, padded: bool = False) -> _EpochBatches:
     """The batch sampler of every serving path (DataLoader, tf.data, :func:`~h5store.iter_batches`).
 
     ``dataset`` is anything with ``len()`` and, for ``bucket``, ``lengths()`` (a
@@ -420,7 +550,8 @@ def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool | str = False, 
     indices for the same ``(seed, epoch)``, whichever loader then reads them.
     ``shuffle="chunks"`` is the quasi-random order of :class:`QuasiRandomBatchSampler`,
     with blocks of about ``block_bytes`` of stored data (:func:`block_sizes`) shuffled
-    ``window`` blocks at a time.
+    ``window`` blocks at a time. ``max_frames`` sizes batches by duration
+    (:class:`DurationBatchSampler`, ``bucket`` length buckets; ``batch_size`` is ignored).
 
     Examples
     --------
@@ -431,9 +562,19 @@ def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool | str = False, 
     >>> sorted(i for b in q.batches(0) for i in b) == list(range(1000))
     True
     """
+    if max_frames is not None:
+        buckets = 10 if bucket is None or bucket is True or bucket is False else int(bucket)
+        return DurationBatchSampler(dataset.lengths(), max_frames, padded=padded, num_buckets=buckets,
+                                    shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size)
+    shuffle = check_shuffle(shuffle)
+    if max_frames is not None:
+        if shuffle == "chunks":
+            raise ValueError("shuffle='chunks' and max_frames= are two different orders; choose one")
+        buckets = 10 if bucket is None or isinstance(bucket, bool) else int(bucket)
+        return DurationBatchSampler(dataset.lengths(), max_frames, padded=padded, num_buckets=buckets,
+                                    shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size)
     if isinstance(batch_size, bool) or int(batch_size) <= 0:
         raise ValueError(f"batch_size must be an int > 0, got {batch_size!r}")
-    shuffle = check_shuffle(shuffle)
     if shuffle == "chunks":
         if bucket:
             raise ValueError("shuffle='chunks' and bucket= are two different orders; choose one")

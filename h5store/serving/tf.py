@@ -74,7 +74,13 @@ class Layout:
         probe, padded = dataset._fetch(np.zeros(1, _I64), 0)
         self.batch_size = batch_size
         keys: list[_Key] = []
+        transformed = dataset.transform is not None
         for name, value in probe.items():
+            if transformed and isinstance(value, np.ndarray) and not _from_getter(name, value, sig):
+                # A key the transform made or changed: typed from what the probe batch holds.
+                keys.append(_Key(name, tf.as_dtype(value.dtype), (None,) * (value.ndim - 1),
+                                 ragged=ragged and name in padded))
+                continue
             if name in sig:
                 keys.append(self._value_key(dataset, name, value, sig[name], ragged and name in padded))
                 continue
@@ -176,6 +182,16 @@ class Layout:
         return out
 
 
+def _from_getter(name: str, value: np.ndarray, sig: Mapping[str, tuple[np.dtype, tuple[int | None, ...]]]) -> bool:
+    """Whether ``value`` is what the getters' signatures say ``name`` holds (a suffix key of one, or its value)."""
+    if name not in sig:
+        base, _ = _split_suffix(name)
+        return base is not None and base in sig
+    dtype, shape = np.dtype(sig[name][0]), tuple(sig[name][1])
+    return value.dtype == dtype and value.ndim == len(shape) + 1 and all(
+        w is None or w == g for w, g in zip(shape, value.shape[1:]))
+
+
 def _split_suffix(name: str) -> tuple[str | None, str]:
     for suffix in (_LENGTHS, _MASK):
         if name.endswith(suffix):
@@ -240,7 +256,8 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *
                   deterministic: bool | None = None, params: Mapping[str, Any] | SharedParams | None = None,
                   mask: bool = False, bucket: bool | int | None = None,
                   items: Sequence[int] | np.ndarray | None = None, in_memory: bool | Sequence[str] = False,
-                  rank: int = 0, world_size: int = 1) -> tf.data.Dataset:
+                  rank: int = 0, world_size: int = 1, transform: Any = None, max_frames: int | None = None,
+                  padded: bool = False) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of batches (dicts of tensors) of an h5store file or a concat of files.
 
     The implementation of ``f.to_tf_dataset(...)`` (:func:`h5store.serving.api.to_tf_dataset`,
@@ -277,9 +294,15 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *
     epoch : int
         The epoch of the first iteration; every further iteration of the dataset serves
         the next epoch, reshuffled (as iterating a PyTorch loader does).
-    params, mask, bucket, items, in_memory, rank, world_size
+    params, mask, bucket, items, in_memory, rank, world_size, max_frames, padded
         As for :func:`~h5store.serving.serve` (``rank`` / ``world_size``: this worker's
         share of every epoch).
+    transform : callable, optional
+        Applied to each batch in the tf.data thread that reads it (see
+        :mod:`h5store.serving.transforms`), seeded from ``(seed, epoch, batch number)`` as
+        in :func:`~h5store.serving.serve`. Keys it adds or retypes are typed from a first
+        batch read when the dataset is made (their shape then varies: give it with
+        ``ensure_shape`` where a model needs it).
     verify : {True, False, "skip"}
         Check each served item against its stored CRC-32 (default). A damaged item raises
         :class:`~h5store.errors.CorruptRecordError` naming file, feature and id, which
@@ -311,32 +334,32 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *
     >>> model.fit(ds, epochs=10)  # each epoch reshuffled  # doctest: +SKIP
     """
     dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
-                          verify=verify)
+                          verify=verify, transform=transform)
     sampler = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, bucket=bucket,
-                           rank=rank, world_size=world_size)
+                           rank=rank, world_size=world_size, max_frames=max_frames, padded=padded)
     # verify="skip" shortens a batch by its damaged items: the batch size cannot be static.
     layout = Layout(dataset, _static_batch(batch_size, drop_last and verify != "skip"), ragged)
     prepare_for_threads(dataset)
     epochs = _Epochs(epoch)
     n_batches = len(sampler)
 
-    def plan(_: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def plan(_: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         e = epochs.take()
         mat, sizes = _index_matrix(sampler.batches(e))
-        return mat, sizes, np.full(len(sizes), e, _I64)
+        return mat, sizes, np.full(len(sizes), e, _I64), np.arange(len(sizes), dtype=_I64)
 
-    def read(row: np.ndarray, size: np.ndarray, e: np.ndarray) -> list[np.ndarray]:
-        return layout.arrays(dataset.fetch(row[: int(size)], epoch=int(e)))
+    def read(row: np.ndarray, size: np.ndarray, e: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
+        return layout.arrays(dataset.fetch(row[: int(size)], epoch=int(e), number=int(k)))
 
     def batches_of_epoch(dummy: tf.Tensor) -> tf.data.Dataset:
-        mat, sizes, es = tf.numpy_function(plan, [dummy], [tf.int64, tf.int64, tf.int64], name="h5store_plan")
+        mat, sizes, es, ks = tf.numpy_function(plan, [dummy], [tf.int64] * 4, name="h5store_plan")
         mat.set_shape((None, None))
-        sizes.set_shape((None,))
-        es.set_shape((None,))
-        return tf.data.Dataset.from_tensor_slices((mat, sizes, es))
+        for t in (sizes, es, ks):
+            t.set_shape((None,))
+        return tf.data.Dataset.from_tensor_slices((mat, sizes, es, ks))
 
-    def fetch(row: tf.Tensor, size: tf.Tensor, e: tf.Tensor) -> dict[str, Any]:
-        arrays = tf.numpy_function(read, [row, size, e], layout.tout, name="h5store_fetch")
+    def fetch(row: tf.Tensor, size: tf.Tensor, e: tf.Tensor, k: tf.Tensor) -> dict[str, Any]:
+        arrays = tf.numpy_function(read, [row, size, e, k], layout.tout, name="h5store_fetch")
         return layout.to_dict(arrays)
 
     ds = tf.data.Dataset.range(1).flat_map(batches_of_epoch)
