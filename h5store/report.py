@@ -503,8 +503,9 @@ def _logs(f: Any, info: ReportInfo) -> str:
             if len(shown) > 1:
                 ax.legend(fontsize=7, ncols=2 if len(shown) > 6 else 1)
             note = f" (the last {len(shown)} of {rows.size:,})" if rows.size > len(shown) else ""
+            names = ", ".join(f"{group.ids[r]} ({len(y):,} steps)" for r, y in zip(shown.tolist(), curves))
             out.append(f'<div class="card wide"><h3>{_e(label)}{_e(note)}</h3>'
-                       f'{_img(_fig_uri(fig), f"{label} curves", "plot")}</div>')
+                       f'{_img(_fig_uri(fig), f"{label} curves", "plot")}<div class="cap">{_e(names)}</div></div>')
     if not out:
         return "<p>No other group than the items' (no logs stored).</p>"
     return f'<div class="cards">{"".join(out)}</div>'

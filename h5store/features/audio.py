@@ -407,10 +407,10 @@ class MelSpectrogram(_Spectral):
 
         v = np.asarray(item, dtype=np.float64).T
         mel = 10.0 ** (v * self.power / 20.0) if self.log == "db" else _unlog(v, self.log)
-        y = librosa.feature.inverse.mel_to_audio(
-            mel, sr=self.sr, n_fft=self.n_fft, hop_length=self.hop_length, win_length=self.win_length,
-            window=self.window, center=self.center, power=self.power, n_iter=32, fmin=self.fmin, fmax=self.fmax,
-            random_state=0)
+        mag = librosa.feature.inverse.mel_to_stft(mel, sr=self.sr, n_fft=self.n_fft, power=self.power,
+                                                  fmin=self.fmin, fmax=self.fmax)
+        y = librosa.griffinlim(mag, n_iter=32, hop_length=self.hop_length, win_length=self.win_length,
+                               window=self.window, center=self.center, n_fft=self.n_fft, random_state=0)
         return y, self.sr, "Griffin-Lim from the mel spectrogram (approximate)"
 
 
