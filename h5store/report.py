@@ -257,8 +257,8 @@ def _unit(feat: Feature, layout: str | None) -> str:
         return "samples"
     if kind in ("frames", "spectrogram"):
         return "frames"
-    if kind in ("text", "bytes") and layout != "blobs":
-        return "bytes"
+    if kind in ("text", "bytes", "image") and layout != "blobs":
+        return "bytes"  # text as utf-8, images encoded
     return "blobs" if layout == "blobs" else "rows"
 
 
@@ -393,6 +393,9 @@ def _items(f: Any, n: int, seed: int, info: ReportInfo, sampled: dict[str, Any])
         info.items_read += len(have)
         read[name] = got
     sampled.update(checked=sum(len(v) for v in read.values()), failed=errors)
+    # Words first (labels, text, values), then pictures, then what is drawn: a card reads top down.
+    first = ("label", "text", "value", "bytes", "array", "image", "frames")
+    shown_order = sorted(feats.items(), key=lambda kv: first.index(k) if (k := kv[1].display_kind()) in first else 9)
     cards = []
     for r, item_id in zip(rows.tolist(), ids):
         parts = []
@@ -411,7 +414,7 @@ def _items(f: Any, n: int, seed: int, info: ReportInfo, sampled: dict[str, Any])
                              f'src="{_wav_uri(y, sr, normalise=not stored)}"></audio>'
                              f'<span class="cap">{_e(name)}: {_e(how)}</span></div>')
                 break
-        for name, feat in feats.items():
+        for name, feat in shown_order:
             if (name, r) in errors:
                 body = f'<div class="err">{_e(errors[(name, r)])}</div>'
             elif r in read.get(name, {}):
@@ -436,7 +439,8 @@ def _ingest(f: Any) -> str:
     listed = "".join(f"<tr><td>{_e(x.source)}</td><td>{_e(x.id)}</td><td>{_e(x.feature)}</td><td>{_e(x.error)}</td>"
                      f"<td>{_e(x.message)}</td></tr>" for x in failures[:_MAX_FAILURES])
     more = f"<p>... and {len(failures) - _MAX_FAILURES:,} more.</p>" if len(failures) > _MAX_FAILURES else ""
-    return (f"<p><b>{len(failures):,}</b> source(s) failed and were not stored.</p>"
+    sources = len({x.source for x in failures})
+    return (f"<p><b>{sources:,}</b> source(s) failed and were not stored ({len(failures):,} feature errors).</p>"
             f'<table class="grid"><tr><th>feature</th><th>error</th><th>sources</th></tr>{counts}</table>'
             f'<table class="grid"><tr><th>source</th><th>id</th><th>feature</th><th>error</th><th>reason</th></tr>'
             f"{listed}</table>{more}")
@@ -444,7 +448,7 @@ def _ingest(f: Any) -> str:
 
 def _verify(f: Any, verify: str, sampled: dict[str, Any]) -> str:
     checked, failed = sampled.get("checked", 0), sampled.get("failed", {})
-    crc = (f"<p>The {checked} items read for this page: "
+    crc = (f"<p>The {checked} items read to show the random ids (each of their features): "
            + ("all match their CRC-32.</p>" if not failed else f"<b class=bad>{len(failed)} failed</b> "
               "(shown in red above).</p>"))
     if verify == "none":
@@ -486,7 +490,7 @@ def _logs(f: Any, info: ReportInfo) -> str:
             rows = np.flatnonzero(view.present)
             if feat.display_kind() != "curve":
                 total = int(view.lengths[rows].sum())
-                out.append(f'<div class="card"><h3>{_e(label)}</h3><p>{rows.size:,} items ({_e(feat.display_kind())}, '
+                out.append(f'<div class="card"><h3>{_e(label)}</h3><p>{rows.size:,} item(s) ({_e(feat.display_kind())}, '
                            f"{total:,} {_unit(feat, view.feature.spec().layout)} in all): not drawn.</p></div>")
                 continue
             shown = rows[-_MAX_CURVES:]
@@ -539,7 +543,7 @@ code { background:#eef2f7; padding:0 3px; border-radius:3px; font-size:12.5px; }
 .cards.items { grid-template-columns:repeat(auto-fill, minmax(560px, 1fr)); }
 .card { background:var(--card); border:1px solid var(--line); border-radius:6px; padding:10px 12px; }
 .card.wide { grid-column:1 / -1; }
-.card img.plot, .card img.hist { width:100%; height:auto; display:block; }
+.card img.plot, .card img.hist { max-width:100%; height:auto; display:block; }
 .feat { margin-top:8px; }
 .fname { font-weight:600; font-size:12.5px; color:var(--muted); }
 .kind { font-weight:400; background:#eef2f7; border-radius:3px; padding:0 4px; }
@@ -552,7 +556,7 @@ code { background:#eef2f7; padding:0 3px; border-radius:3px; font-size:12.5px; }
 img.thumb { max-width:100%; border:1px solid var(--line); }
 .frames { display:flex; flex-wrap:wrap; gap:4px; }
 .frames figure { margin:0; text-align:center; font-size:11px; color:var(--muted); }
-img.frame { display:block; max-height:96px; border:1px solid var(--line); }
+img.frame { display:block; max-height:64px; border:1px solid var(--line); }
 .err, .bad { color:#b3261e; }
 .ok { color:#23683a; }
 .note { color:var(--muted); font-size:12.5px; }
