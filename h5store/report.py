@@ -418,7 +418,11 @@ def _items(f: Any, n: int, seed: int, info: ReportInfo, sampled: dict[str, Any])
             if (name, r) in errors:
                 body = f'<div class="err">{_e(errors[(name, r)])}</div>'
             elif r in read.get(name, {}):
-                body = _show(feat, name, item_id, read[name][r])
+                try:
+                    body = _show(feat, name, item_id, read[name][r])
+                except Exception as e:  # noqa: BLE001 - a user's display hook must not cost the whole page
+                    body = (f'<div class="err">cannot show this item as {_e(feat.display_kind())}: '
+                            f"{_e(type(e).__name__)}: {_e(e)}</div>")
             else:
                 body = '<div class="cap">(no item)</div>'
             parts.append(f'<div class="feat"><div class="fname">{_e(name)} <span class="kind">'

@@ -436,10 +436,11 @@ class Feature:
         The default follows the stored spec, as fits arrays: ``()`` -> "value", a ragged
         ``(T,)`` of numbers -> "curve" (uint8: "bytes", an opaque blob such as a
         checkpoint), ``(T, C)`` -> "matrix", a fixed ``(H, W, 1|3|4)`` uint8 -> "image",
-        anything else -> "array" (shape and statistics). A feature that decodes to
-        something of its own (and says nothing) is shown as "value", its text. Override
-        this, with :meth:`display` and :meth:`sound` when it helps, to show a custom
-        feature your way; it is a choice made from parameters alone, no item is read.
+        anything else -> "array" (shape and statistics). Reports check what an item
+        decodes to: one that is not numbers where numbers were expected (a feature whose
+        :meth:`decode` makes something else) is shown as its text. Override this, with
+        :meth:`display` and :meth:`sound` when it helps, to show a custom feature your way;
+        it is a choice made from parameters alone, no item is read.
 
         Examples
         --------
@@ -450,7 +451,7 @@ class Feature:
         if not self.is_fixed:
             return "array"
         spec = self.spec()
-        if type(self).decode is not Feature.decode or spec.np_dtype.kind not in "biuf":
+        if spec.np_dtype.kind not in "biuf":
             return "value"
         shape, u8 = tuple(spec.shape), spec.np_dtype == np.uint8
         if spec.layout == "blobs":

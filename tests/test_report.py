@@ -48,6 +48,34 @@ class Pictures(h5s.TypedFile):
     score = h5s.Scalar(dtype="float32")
 
 
+class Loudness(h5s.Array):
+    """A user's feature that says how it is shown."""
+
+    type_name = "tests.report.Loudness"
+
+    def display_kind(self) -> str:
+        return "text"
+
+    def display(self, item: np.ndarray) -> str:
+        return f"peak {float(np.max(item)):.1f} dB"
+
+
+class Broken(h5s.Array):
+    type_name = "tests.report.Broken"
+
+    def display(self, item: np.ndarray) -> str:
+        raise ValueError("this hook is broken")
+
+
+class Custom(h5s.TypedFile):
+    loud = Loudness(dtype="float32", shape=(None,))
+    broken = Broken(dtype="float32", shape=(None,))
+    curve = h5s.Array(dtype="float64", shape=(None,))
+    grid = h5s.Array(dtype="int16", shape=(None, 3))
+    blob = h5s.Array(dtype="uint8", shape=(None,))
+    cube = h5s.Array(dtype="float32", shape=(2, 2, 2))
+
+
 class Tiny(h5s.TypedFile):
     x = h5s.Array(dtype="float32", shape=(None,))
     y = h5s.Scalar(dtype="int64")
@@ -238,6 +266,23 @@ def test_bounded_cost_reads_only_the_index_and_the_chosen_items(tmp_path: Path, 
     assert "200,000" in page and "items read" in page
 
 
+def test_user_features_are_shown_their_way_and_a_failing_hook_costs_one_cell(tmp_path: Path) -> None:
+    path = tmp_path / "custom.h5"
+    with Custom(path, mode="w") as f:
+        f.add("a", dict(loud=np.array([1.0, 3.0], np.float32), broken=np.ones(4, np.float32),
+                        curve=np.sin(np.arange(50) / 5), grid=np.arange(30, dtype=np.int16).reshape(10, 3),
+                        blob=np.arange(40, dtype=np.uint8), cube=np.full((2, 2, 2), 0.5, np.float32)))
+    with h5s.open(path) as f:  # the registered classes come back from the stored type names
+        assert type(f.loud.feature) is Loudness
+        page, info = _report(f, tmp_path / "c.html", n=1)
+    assert '<div class="text">peak 3.0 dB</div>' in page
+    assert "cannot show this item as curve: ValueError: this hook is broken" in page
+    assert 'alt="curve of a"' in page and 'alt="grid of a"' in page  # drawn by h5store.plot
+    assert "40 bytes: <code>00 01 02 03" in page
+    assert "float32 (2, 2, 2): min 0.5, mean 0.5, max 0.5" in page
+    assert info.items_read == 6
+
+
 # --------------------------------------------------------------------------- the hooks
 def test_display_hooks_defaults_and_overrides() -> None:
     assert h5s.Array(dtype="float32", shape=(None,)).display_kind() == "curve"
@@ -256,16 +301,6 @@ def test_display_hooks_defaults_and_overrides() -> None:
     assert h5s.Array().sound(np.zeros(3)) is None
     y, sr, how = h5s.Audio(sr=SR).sound(np.zeros((10, 2), np.float32))
     assert y.shape == (10,) and sr == SR and how == "stored audio"
-
-    class Loudness(h5s.Array):  # a user's feature says how it is shown
-        type_name = "tests.report.Loudness"
-
-        def display_kind(self) -> str:
-            return "text"
-
-        def display(self, item: np.ndarray) -> str:
-            return f"peak {float(np.max(item)):.1f} dB"
-
     assert Loudness(dtype="float32", shape=(None,)).display(np.array([1.0, 3.0])) == "peak 3.0 dB"
 
 
