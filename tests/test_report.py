@@ -7,6 +7,7 @@ not installed. Everything else here runs everywhere the `plot` extra is installe
 
 from __future__ import annotations
 
+import html
 import html.parser
 import io
 import os
@@ -281,6 +282,39 @@ def test_user_features_are_shown_their_way_and_a_failing_hook_costs_one_cell(tmp
     assert "40 bytes: <code>00 01 02 03" in page
     assert "float32 (2, 2, 2): min 0.5, mean 0.5, max 0.5" in page
     assert info.items_read == 6
+
+
+class Clips(h5s.TypedFile):
+    audio = h5s.Audio(sr=8000)
+    words = h5s.Text()
+
+
+def test_what_the_page_embeds_is_what_h5py_reads(tmp_path: Path) -> None:
+    """Stored audio plays as its stored samples (16-bit), text reads as its stored bytes."""
+    import base64
+
+    path = tmp_path / "clips.h5"
+    rng = np.random.default_rng(1)
+    with Clips(path, mode="w") as f:
+        for k in range(3):
+            f.add(f"c{k}", dict(audio=(0.5 * rng.uniform(-1, 1, 4000 + 1000 * k)).astype(np.float32),
+                                words=f"clip {k}: \u00e9t\u00e9 & <b>"))
+    with h5s.open(path) as f:
+        page, info = _report(f, tmp_path / "clips.html", n=3)
+        index = {i: (f.audio.index[k], f.words.index[k]) for k, i in enumerate(f.ids)}
+    cards = re.findall(r'<div class="card item"><h3>([^ <]+) ', page)
+    assert cards == info.items == ["c0", "c1", "c2"]
+    sounds = re.findall(r'src="data:audio/wav;base64,([^"]+)"', page)
+    texts = re.findall(r'<div class="text">([^<]*)</div>', page)
+    with h5py.File(path, "r", locking=False) as h:
+        for item_id, b64, text in zip(info.items, sounds, texts):
+            (a0, a1), (w0, w1) = index[item_id]
+            stored = h["audio/data"][a0:a1]
+            with wave.open(io.BytesIO(base64.b64decode(b64))) as w:
+                assert w.getframerate() == 8000
+                pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+            np.testing.assert_array_equal(pcm, (np.clip(stored.astype(np.float64), -1, 1) * 32767).astype("<i2"))
+            assert html.unescape(text) == h["words/data"][w0:w1].tobytes().decode("utf-8")
 
 
 # --------------------------------------------------------------------------- the hooks
