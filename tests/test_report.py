@@ -131,6 +131,7 @@ def _report(f: h5s.TypedFile, path: Path, **kw: object) -> tuple[str, object]:
     return path.read_text(encoding="utf-8"), info
 
 
+@pytest.mark.slow
 def test_speech_report_has_every_section_and_what_it_shows(speech_path: Path, tmp_path: Path) -> None:
     with h5s.open(speech_path) as f:
         page, info = _report(f, tmp_path / "r.html", n=3, seed=1)
@@ -217,6 +218,7 @@ def test_a_corrupt_item_is_shown_as_such_and_the_page_is_still_written(speech_pa
     assert page.count("n_mels=48") == 1  # the rest of the page is there
 
 
+@pytest.mark.slow
 def test_bounded_cost_reads_only_the_index_and_the_chosen_items(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     n_items = 200_000
     path = tmp_path / "tiny.h5"
