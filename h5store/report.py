@@ -213,19 +213,16 @@ def _overview(f: Any, n_shown: int, seed: int, verify: str) -> str:
     return f'<table class="kv">{body}<tr><th>time</th><td id="timing">@@TIMING@@</td></tr></table>'
 
 
-_SHOWN_PARAMS = ("compression", "compression_opts", "shuffle", "chunk_rows", "finite", "attrs")
+_STORAGE_PARAMS = ("compression", "compression_opts", "shuffle", "chunk_rows", "attrs")  # shown unless default
 _HIDDEN_PARAMS = ("dtype", "shape", "layout", "pattern", "finite")  # in the columns, or how sources were chosen
 
 
 def _params(feat: Feature) -> str:
+    """The parameters that say what the items are (``sr=22050 n_mels=80``...), as code chips."""
     base = Feature()
     out = []
     for k, v in feat.params().items():
-        if k in _HIDDEN_PARAMS:
-            continue
-        if k in _SHOWN_PARAMS and v == getattr(base, k, None):
-            continue  # a storage default: in the columns already or nothing to say
-        if k in _SHOWN_PARAMS and k == "attrs" and not v:
+        if k in _HIDDEN_PARAMS or (k in _STORAGE_PARAMS and v == getattr(base, k, None)):
             continue
         if isinstance(v, (list, tuple)) and len(v) > 12:
             v = [*v[:12], f"... {len(v) - 12} more"]
