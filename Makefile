@@ -30,8 +30,8 @@ chromium:
 	@if [ -x /usr/bin/chromium ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "make: installing chromium for the report's browser test (apt-get, a few minutes)"; \
-	  apt-get install -y -q chromium >/dev/null 2>&1 \
-	    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+	    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
 	    || echo "make: chromium could not be installed (apt-get failed): the report's browser test will be skipped"; \
 	else echo "make: no /usr/bin/chromium and not root: the report's browser test will be skipped (apt-get install chromium)"; fi
 
