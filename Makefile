@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PIP_INSTALL := $(PIP) install -q -c constraints.txt
 
-.PHONY: demo test lint bench bench-all clean
+.PHONY: demo test lint bench bench-all clean chromium
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,21 @@ $(VENV)/.base-installed: pyproject.toml constraints.txt | $(PY)
 	$(PIP_INSTALL) .
 	touch $@
 
-$(VENV)/.dev-installed: pyproject.toml constraints.txt | $(PY)
+$(VENV)/.dev-installed: pyproject.toml constraints.txt | $(PY) chromium
 	$(PIP_INSTALL) -e ".[dev,tf,dask,image,plot]"
 	touch $@ $(VENV)/.base-installed
+
+# The report's browser test (tests/test_report.py) renders it in Debian's chromium. Installed
+# here when missing and we are root (CI: .ci/run); otherwise a line says so and the test skips.
+# Order-only above: checking costs nothing and never re-runs the pip install.
+chromium:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: installing chromium for the report's browser test (apt-get, a few minutes)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+	    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
+	    || echo "make: chromium could not be installed (apt-get failed): the report's browser test will be skipped"; \
+	else echo "make: no /usr/bin/chromium and not root: the report's browser test will be skipped (apt-get install chromium)"; fi
 
 demo: $(VENV)/.base-installed
 	$(PY) examples/demo.py

@@ -1,4 +1,4 @@
-"""The ``h5store`` command line: create, info, verify, plot, bench.
+"""The ``h5store`` command line: create, info, verify, plot, report, bench.
 
 Every error is one line on stderr and a non-zero exit status, never a traceback
 (``H5STORE_DEBUG=1`` shows the traceback).
@@ -206,6 +206,21 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    import h5store
+
+    if args.n < 0:
+        raise CLIError(f"-n takes the number of items to show (>= 0), got {args.n}")
+    out = args.output or f"{os.path.splitext(os.path.basename(args.file))[0]}-report.html"
+    try:
+        with h5store.open(args.file) as f:
+            info = f.report_html(out, n=args.n, seed=args.seed, verify=args.verify)
+    except ImportError as e:  # matplotlib is the `plot` extra
+        raise CLIError(str(e)) from None
+    print(info.summary())
+    return 0
+
+
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -351,6 +366,17 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("--dpi", 100.0, "pixels per inch")):
         pl.add_argument(flag, type=float, default=default, help=unit)
     pl.set_defaults(run=_cmd_plot)
+
+    rp = sub.add_parser("report", help="one self-contained HTML page: schema, length histograms, random items "
+                                       "drawn and played, ingest failures, verify, logs")
+    rp.add_argument("file")
+    rp.add_argument("--output", "-o", default=None, help="the HTML file (default: <file name>-report.html)")
+    rp.add_argument("-n", type=int, default=8, help="random items to show (only these are read)")
+    rp.add_argument("--seed", type=int, default=0, help="which random items (the same seed shows the same ones)")
+    rp.add_argument("--verify", choices=("quick", "deep", "none"), default="quick",
+                    help="quick: structure, ids and indexes (default); deep: every item's CRC-32 (reads the "
+                         "whole file); none")
+    rp.set_defaults(run=_cmd_report)
 
     b = sub.add_parser("bench", help="serving speed on this file: items/s and MB/s per getter and worker count")
     b.add_argument("file")

@@ -27,7 +27,7 @@ from h5store.errors import SchemaError
 from h5store.features.audio import MFCC, Audio, MagSpectrogram, MelSpectrogram
 from h5store.schema import Feature
 
-__all__ = ["hz_to_mel", "mel_to_hz", "plot", "plot_feature", "plottable", "save_plot"]
+__all__ = ["draw", "hz_to_mel", "mel_to_hz", "plot", "plot_feature", "plottable", "save_plot"]
 
 _HZ_TICKS = (32, 64, 125, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000)
 _MEL_TICKS = (0, 100, 200, 500, 1000, 2000, 4000, 8000, 16000, 32000)
@@ -223,6 +223,37 @@ def plot(view: FeatureView, id: str | int, ax: Any = None) -> Any:
             or not _drawable(feat):
         raise SchemaError(f"{view.where}: {type(feat).__name__} items cannot be drawn as a spectrogram, an image "
                           f"of rows or a curve; features that can: {_ranked(view.group.features)}")
+    return draw(feat, values, ax=ax, name=view.name, title=f"{view.name}: {name}")
+
+
+def draw(feature: Feature, values: np.ndarray, ax: Any = None, name: str = "value", title: str | None = None) -> Any:
+    """Draw values already read (one item of ``feature``) with the feature's axes; return the Axes.
+
+    What :func:`plot` draws, for an item in hand: the HTML report (:mod:`h5store.report`)
+    reads its items in one batch and draws each with this.
+
+    Parameters
+    ----------
+    feature : Feature
+        Whose parameters give the axes (``f.mel.feature``).
+    values : numpy.ndarray
+        The item, 1-D or 2-D numbers.
+    ax : matplotlib Axes, optional
+        Where to draw (default: a new 10 x 4 inch figure).
+    name : str
+        The y label of a curve.
+    title : str, optional
+        The title; the item's length and its unit are added.
+
+    Examples
+    --------
+    >>> import numpy as np, h5store as h5s
+    >>> from h5store.plot import draw
+    >>> ax = draw(h5s.Array(dtype="float32"), np.linspace(1, 0, 50), name="loss", title="run-1")
+    >>> ax.get_title()
+    'run-1 (50 rows)'
+    """
+    feat = feature
     ax = _new_axes(ax, (10.0, 4.0), 100.0)
     if isinstance(feat, MelSpectrogram):
         _draw_mel(ax, values, feat)
@@ -238,11 +269,12 @@ def plot(view: FeatureView, id: str | int, ax: Any = None) -> Any:
         _draw_image(ax, values, "column", None, "value")
     else:
         ax.plot(np.arange(len(values)), values)
-        ax.set_ylabel(view.name)
+        ax.set_ylabel(name)
     timed = isinstance(feat, (*_SPECTRAL, Audio)) and getattr(feat, "sr", None)
     ax.set_xlabel("time (s)" if timed else "row")
     unit = "samples" if isinstance(feat, Audio) else ("frames" if timed else "rows")
-    ax.set_title(f"{view.name}: {name} ({len(values)} {unit})")
+    if title is not None:
+        ax.set_title(f"{title} ({len(values)} {unit})")
     return ax
 
 

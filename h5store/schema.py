@@ -25,6 +25,7 @@ from h5store.errors import SchemaError
 from h5store.format import IDS, ColumnSpec
 
 __all__ = [
+    "DISPLAY_KINDS",
     "Feature",
     "Group",
     "Schema",
@@ -428,6 +429,75 @@ class Feature:
         """Turn a stored item back into what users get (identity for arrays)."""
         return raw
 
+    # -- how it is shown (h5store.report) ---------------------------------------
+    def display_kind(self) -> str:
+        """How reports (:mod:`h5store.report`) show this feature's items: one of :data:`DISPLAY_KINDS`.
+
+        The default follows the stored spec, as fits arrays: ``()`` -> "value", a ragged
+        ``(T,)`` of numbers -> "curve" (uint8: "bytes", an opaque blob such as a
+        checkpoint), ``(T, C)`` -> "matrix", a fixed ``(H, W, 1|3|4)`` uint8 -> "image",
+        anything else -> "array" (shape and statistics). Reports check what an item
+        decodes to: one that is not numbers where numbers were expected (a feature whose
+        :meth:`decode` makes something else) is shown as its text. Override this, with
+        :meth:`display` and :meth:`sound` when it helps, to show a custom feature your way;
+        it is a choice made from parameters alone, no item is read.
+
+        Examples
+        --------
+        >>> import h5store as h5s
+        >>> h5s.Array(dtype="float32", shape=(None,)).display_kind(), h5s.Scalar().display_kind()
+        ('curve', 'value')
+        """
+        if not self.is_fixed:
+            return "array"
+        spec = self.spec()
+        if spec.np_dtype.kind not in "biuf":
+            return "value"
+        shape, u8 = tuple(spec.shape), spec.np_dtype == np.uint8
+        if spec.layout == "blobs":
+            return "bytes"
+        if shape == ():
+            return "value"
+        if len(shape) == 1 and shape[0] is None:
+            return "bytes" if u8 else "curve"
+        if len(shape) == 2 and shape[0] is None:
+            return "matrix"
+        if u8 and len(shape) == 3 and None not in shape and shape[2] in (1, 3, 4):
+            return "image"
+        return "array"
+
+    def display(self, item: Any) -> Any:
+        """One decoded item as its :meth:`display_kind` shows it (see :data:`DISPLAY_KINDS`).
+
+        Identity by default; a label returns its class name, for instance.
+
+        Examples
+        --------
+        >>> import h5store as h5s
+        >>> h5s.DirLabel(classes=("cat", "dog")).display(1)
+        'dog (class 1)'
+        """
+        return item
+
+    def sound(self, item: Any) -> tuple[np.ndarray, int, str] | None:
+        """One decoded item as audio to listen to: ``(samples, sample rate, how it was made)``.
+
+        None (the default) when the feature is not sound. Stored audio returns itself;
+        spectrograms invert their magnitudes (Griffin-Lim), and say so.
+        """
+        return None
+
+    def rows_per_second(self) -> float | None:
+        """Rows of an item per second of time, for durations in reports; None when rows are not time.
+
+        Examples
+        --------
+        >>> import h5store as h5s
+        >>> h5s.Audio(sr=16000).rows_per_second(), h5s.Array().rows_per_second()
+        (16000.0, None)
+        """
+        return None
+
     # -- descriptor ----------------------------------------------------------
     def __set_name__(self, owner: type, name: str) -> None:
         object.__setattr__(self, "_attr_name", name)
@@ -474,6 +544,24 @@ def _plain_overrides(cls: type) -> None:
         # Annotations are strings under ``from __future__ import annotations``; any will do.
         cls.__annotations__ = {**own, name: inherited[name].type}
         own = cls.__annotations__
+
+
+#: What :meth:`Feature.display` returns for each :meth:`Feature.display_kind`, and how
+#: reports (:mod:`h5store.report`) show it. The first four are drawn by :mod:`h5store.plot`
+#: with the feature's own axes (seconds, Hz) where it has them.
+DISPLAY_KINDS = {
+    "spectrogram": "(frames, bins) numbers, drawn with time and frequency axes from the parameters",
+    "waveform": "(samples,) or (samples, channels) audio, drawn against seconds",
+    "curve": "(T,) numbers, drawn as a line",
+    "matrix": "(T, C) numbers, drawn as an image of rows",
+    "image": "(H, W, C) uint8 pixels, shown as a thumbnail",
+    "frames": "(K, H, W, C) uint8 video frames, a few shown as thumbnails",
+    "text": "a str, shown as text",
+    "label": "a str naming the class, shown as text",
+    "value": "anything small, shown as its text",
+    "bytes": "bytes or a uint8 array, shown as its size and first bytes",
+    "array": "an array, shown as its shape, dtype and value range",
+}
 
 
 _BASE_DEFAULTS = {f.name: (f.default if f.default is not dataclasses.MISSING else {}) for f in dataclasses.fields(Feature)}

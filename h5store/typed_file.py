@@ -388,6 +388,38 @@ class TypedFile:
                 out.append({"group": g, **row})
         return out
 
+    def report_html(self, path: str | os.PathLike[str], n: int = 8, seed: int = 0, verify: str = "quick") -> Any:
+        """Write one self-contained HTML page about this file (:mod:`h5store.report`).
+
+        The schema and sizes, item-length histograms from the index alone, ``n`` random items
+        drawn and played, the stored ingest failures, a verify pass and the log curves; it
+        opens from disk with no network. Needs matplotlib (``pip install h5store[plot]``).
+
+        Parameters
+        ----------
+        path : str or Path
+            The HTML file to write.
+        n : int
+            Random items to show; only these (and log curves) are read.
+        seed : int
+            Which items (the same seed shows the same ones).
+        verify : {"quick", "deep", "none"}
+            "quick" checks structure, ids and indexes; "deep" reads every item (the whole file).
+
+        Returns
+        -------
+        h5store.report.ReportInfo
+
+        Examples
+        --------
+        >>> with h5s.open("speech.h5") as f:  # doctest: +SKIP
+        ...     print(f.report_html("speech.html", n=12).summary())
+        speech.html: 12 items shown, 48 items read, 3.1 MB, written in 4.2 s
+        """
+        from h5store.report import write_report
+
+        return write_report(self, path, n=n, seed=seed, verify=verify)
+
     # -- lifecycle -----------------------------------------------------------
     def commit(self) -> None:
         """Make every record added so far durable: when this returns, a crash loses none of them.

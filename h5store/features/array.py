@@ -109,3 +109,6 @@ class Text(Feature):
 
     def decode(self, raw: Any) -> str:
         return np.asarray(raw, dtype=np.uint8).tobytes().decode("utf-8")
+
+    def display_kind(self) -> str:
+        return "text"

@@ -129,6 +129,16 @@ class Audio(Feature):
     def load(self, source: Any) -> np.ndarray:
         return read_audio(source, sr=self.sr, mono=self.mono, dtype=self.dtype, channels=self.channels)[0]
 
+    def display_kind(self) -> str:
+        return "waveform"
+
+    def sound(self, item: Any) -> tuple[np.ndarray, int, str] | None:
+        x = np.asarray(item)
+        return (x if x.ndim == 1 else x.mean(axis=1), int(self.sr), "stored audio") if self.sr else None
+
+    def rows_per_second(self) -> float | None:
+        return float(self.sr) if self.sr else None
+
 
 def _first_rate(sources: list[Any]) -> int | None:
     """The sample rate of the first source soundfile can open (None if none can)."""
@@ -233,6 +243,12 @@ class _Spectral(Feature):
     def _store(self, s: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(s.T, dtype=self.dtype)
 
+    def display_kind(self) -> str:
+        return "spectrogram"
+
+    def rows_per_second(self) -> float | None:
+        return self.frames_per_second
+
 
 _DATA_PARAMS = ("sr", "n_fft", "hop_length", "win_length", "window", "center")
 _LAST_STFT: dict[str, Any] = {}  # the last |STFT| computed in this process (see _Spectral.magnitude)
@@ -317,6 +333,16 @@ class MagSpectrogram(_Spectral):
             s = s**self.power
         return self._store(_log(s, self.log, self.power))
 
+    def sound(self, item: Any) -> tuple[np.ndarray, int, str]:
+        """The item as audio: Griffin-Lim phases for the stored magnitudes (rougher than the source)."""
+        import librosa
+
+        v = np.asarray(item, dtype=np.float64).T
+        mag = 10.0 ** (v / 20.0) if self.log == "db" else _unlog(v, self.log) ** (1.0 / self.power)
+        y = librosa.griffinlim(mag, n_iter=32, hop_length=self.hop_length, win_length=self.win_length,
+                               window=self.window, center=self.center, n_fft=self.n_fft, random_state=0)
+        return y, self.sr, "Griffin-Lim from the stored magnitudes (approximate)"
+
 
 class MelSpectrogram(_Spectral):
     """A mel spectrogram (:func:`librosa.feature.melspectrogram`), time on the first axis.
@@ -374,6 +400,18 @@ class MelSpectrogram(_Spectral):
     def load(self, source: Any) -> np.ndarray:
         # The same values as melspectrogram(y=...): librosa computes |STFT|**power first too.
         return self._store(_log(_mel(self, source, self.power), self.log, self.power))
+
+    def sound(self, item: Any) -> tuple[np.ndarray, int, str]:
+        """The item as audio: the mel bands back to magnitudes, then Griffin-Lim (rough)."""
+        import librosa
+
+        v = np.asarray(item, dtype=np.float64).T
+        mel = 10.0 ** (v * self.power / 20.0) if self.log == "db" else _unlog(v, self.log)
+        mag = librosa.feature.inverse.mel_to_stft(mel, sr=self.sr, n_fft=self.n_fft, power=self.power,
+                                                  fmin=self.fmin, fmax=self.fmax)
+        y = librosa.griffinlim(mag, n_iter=32, hop_length=self.hop_length, win_length=self.win_length,
+                               window=self.window, center=self.center, n_fft=self.n_fft, random_state=0)
+        return y, self.sr, "Griffin-Lim from the mel spectrogram (approximate)"
 
 
 def _mel(f: Any, source: Any, power: float) -> np.ndarray:
@@ -446,3 +484,8 @@ class MFCC(_Spectral):
         # mfcc(y=...) is the DCT of power_to_db(melspectrogram(y, power=2)): the same from |STFT|.
         m = librosa.feature.mfcc(S=librosa.power_to_db(_mel(self, source, 2.0)), n_mfcc=self.n_mfcc)
         return self._store(m)
+
+
+def _unlog(v: np.ndarray, log: Any) -> np.ndarray:
+    """Undo :func:`_log`'s natural log ("log", True); linear values (False) as they are."""
+    return v if log is False else np.exp(v)

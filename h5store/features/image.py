@@ -190,6 +190,9 @@ class EncodedImage(Feature):
     def decode(self, raw: Any) -> np.ndarray:
         return _to_array(_open(_bytes(raw), "stored image", SchemaError))
 
+    def display_kind(self) -> str:
+        return "image"
+
 
 def _natural_key(name: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
@@ -320,6 +323,9 @@ class EncodedFrames(Feature):
         if not len(raw):
             return np.zeros((0, 0, 0, 3), np.uint8)
         return np.stack([self.decode_blob(b) for b in raw])
+
+    def display_kind(self) -> str:
+        return "frames"
 
 
 def _fmt(shape: tuple[int, int, int]) -> str:

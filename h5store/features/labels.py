@@ -115,6 +115,13 @@ class DirLabel(Feature):
         except IndexError:
             raise IndexError(f"DirLabel: class {int(i)} out of range for {len(self.classes)} classes") from None
 
+    def display_kind(self) -> str:
+        return "label"
+
+    def display(self, item: Any) -> str:
+        i = int(item)
+        return f"{self.classes[i]} (class {i})" if 0 <= i < len(self.classes) else f"class {i} (no name stored)"
+
 
 def _valid_int_dtype(d: str) -> bool:
     try:
@@ -360,6 +367,9 @@ class CSVColumn(Feature):
 
     def decode(self, raw: Any) -> Any:
         return _TEXT.decode(raw) if self.is_text else raw
+
+    def display_kind(self) -> str:
+        return "text" if self.is_text else "value"
 
 
 CSVColumn.__init__ = _positional_path(CSVColumn.__init__)  # type: ignore[method-assign]
