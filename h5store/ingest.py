@@ -248,7 +248,7 @@ def _fill(out: TypedFile, work: list[tuple[Source, list[str]]], seen: dict[str, 
                 if pool is None and n_workers > 1:
                     bar.reset(total=len(work))  # items/s and the ETA count from the first results
                     bar.set_postfix_str("", refresh=False)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             good, sums = [], []
             for id, items, crcs, failed, seconds, said in results:
                 report.load_seconds += seconds
@@ -277,12 +277,13 @@ def _fill(out: TypedFile, work: list[tuple[Source, list[str]]], seen: dict[str, 
                 out.flush()
                 last_commit = time.perf_counter()
             report.writer_seconds += time.perf_counter() - t0
+            report.writer_cpu_seconds += time.thread_time() - c0
             bar.update(len(results))
             if report.failures:
                 bar.set_postfix(failed=len(report.failures), refresh=False)
         if pool is not None:
             pool.close()  # before the file closes: no worker outlives the writer's descriptors
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         store_failures(out, report.failures)
         out.close()
         if on_error == "raise" and report.failures:
@@ -293,6 +294,7 @@ def _fill(out: TypedFile, work: list[tuple[Source, list[str]]], seen: dict[str, 
         os.replace(partial, path)
         fsync_dir(path)
         report.writer_seconds += time.perf_counter() - t0
+        report.writer_cpu_seconds += time.thread_time() - c0
     except BaseException as e:
         out.close()  # the partial file stays: resume=True continues from it
         if _disk_failed(e):
