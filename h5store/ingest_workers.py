@@ -294,7 +294,7 @@ def _only_thread() -> bool:
 def start_workers(n_workers: int) -> ForkPool | None:
     """Fork ``n_workers`` worker processes now, or None where joblib must run them.
 
-    None when ``n_workers <= 1``, when the platform cannot fork, when the caller chose a joblib
+    None when ``n_workers <= 1``, off Linux (forking is unsafe on macOS), when the caller chose a joblib
     backend other than loky/multiprocessing (Dask, Ray: ``joblib.parallel_config``), or when
     other threads run in this process. Call it before any file is opened for writing, so the
     workers inherit no writer's descriptors, and :meth:`ForkPool.close` it when done.
@@ -307,7 +307,8 @@ def start_workers(n_workers: int) -> ForkPool | None:
     """
     import multiprocessing
 
-    if n_workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+    # Linux only: macOS system libraries are not fork-safe (Python spawns there by default).
+    if n_workers <= 1 or not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
         return None
     if not _local_joblib_backend() or not _only_thread():
         return None
