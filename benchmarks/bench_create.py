@@ -34,9 +34,9 @@ import json
 import os
 
 # Before numpy is imported anywhere: one BLAS/FFT thread here, in every one-shot child and in
-# every worker. Unpinned, on this loaded 2-core machine, OpenBLAS's spinning threads made the
-# fresh serial loop 5-15x slower than warm (30-64 s against 3.5 s): pinned is the baseline's
-# strongest form, and every pipeline gets the same.
+# every worker. Unpinned (default BLAS threads), at a load average of 10 on this 2-core machine,
+# the fresh serial loop took 30-64 s against ~5 s pinned at load 6: pinned is the baseline's
+# strongest form on a busy machine, and every pipeline gets the same.
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ["MKL_NUM_THREADS"] = "1"
@@ -462,9 +462,9 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
         lines += ["### One-shot: each run a fresh process, as a user runs it", "",
                   "Each run is `python -c SCRIPT` (the scripts are `SERIAL_SCRIPT` and `H5STORE_SCRIPT` in "
                   "`benchmarks/bench_create.py`): interpreter start, imports, worker start and the work, timed from "
-                  "spawn to exit, with `OMP_NUM_THREADS=1` (and OpenBLAS/MKL) for all three: unpinned, OpenBLAS's "
-                  "spinning threads made the serial loop 5-15x slower than warm on this loaded machine, so pinned is "
-                  "its strongest form. The three run in interleaved "
+                  "spawn to exit, with `OMP_NUM_THREADS=1` (and OpenBLAS/MKL) for all three: unpinned (default BLAS "
+                  "threads) the serial loop ran 30-64 s at load 10 on this machine, against ~5 s pinned at load 6, so "
+                  "pinned is its strongest form here. The three run in interleaved "
                   f"rounds ({len(st['walls']['serial'])} timed, after one untimed round that fills the page cache); "
                   "'load' is the 1-minute load average when each run started. 'first progress' is when the first "
                   "progress output (tqdm, stderr) came, after `create(...)` was called; 'import' when the call "
