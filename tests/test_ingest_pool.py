@@ -173,3 +173,22 @@ def test_first_progress_comes_before_the_first_result(tmp_path):
     assert counted and err.index("scanning sources") < min(counted), err
     with PacedNums(tmp_path / "out.h5") as f:
         assert len(f) == 8
+
+
+def test_joblib_workers_say_they_are_starting(tmp_path):
+    """Where joblib runs the workers (here: another thread runs in the caller), the bar says
+    they are starting while their fresh interpreters import, rather than a silent 0%."""
+    write_corpus(tmp_path / "src", n=8)
+    script = textwrap.dedent(f"""
+        import sys, threading; sys.path.insert(0, {str(ROOT)!r})
+        from tests.ingest_schemas import Nums
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()
+        Nums.create({str(tmp_path / 'out.h5')!r}, {str(tmp_path / 'src')!r}, n_workers=2)
+        stop.set()
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "scanning sources" in r.stderr and "starting 2 workers" in r.stderr, r.stderr
+    assert r.stderr.index("scanning sources") < r.stderr.index("starting 2 workers")
+    assert r.stderr.rstrip().splitlines()[-1].count("8/8")
