@@ -7,10 +7,12 @@
    common root, without extension, ``/``-separated, sorted.
 2. **Prepare**: each feature sees all the sources it accepts once, in the parent, and may
    learn dataset-wide parameters (a label vocabulary, a CSV table).
-3. **Load**: sources go to joblib workers in small chunks; each worker runs
+3. **Load**: sources go to worker processes in small chunks; each worker runs
    ``feature.encode(feature.load(source))`` for every feature that accepts the source.
-   Results stream back *in order* (``return_as="generator"``, bounded by ``pre_dispatch``)
-   to the parent, the one writer, which appends them in large blocks.
+   The workers are forked when ``create`` is called, before the scan (on Linux, in a
+   single-threaded caller; else joblib runs them: :mod:`h5store.ingest_workers`). Results
+   stream back *in order*, at most ``2 * n_workers`` chunks in flight, to the parent, the one
+   writer, which appends them in large blocks.
 4. **Publish**: everything is written to a temporary sibling ``.<name>.partial``, flushed
    and fsynced every few seconds (the resume point), and moved into place with
    ``os.replace`` only when complete; the directory is fsynced after. An interrupted
@@ -23,8 +25,8 @@
 A source whose load fails is not stored, the others are; failures come back in the
 :class:`~h5store.ingest_report.IngestReport` and are stored in the file (``/_h5store/failures``, JSON).
 
-Because ingest is joblib, the same create runs on a Dask or Ray cluster through joblib's
-backends (``with joblib.parallel_config(backend="dask"): Speech.create(...)``).
+A chosen joblib backend runs the workers instead, so the same create runs on a Dask or Ray
+cluster (``with joblib.parallel_config(backend="dask"): Speech.create(...)``).
 
 The parts: :mod:`h5store.sources` expands the sources, :mod:`h5store.ingest_workers` loads
 them, :mod:`h5store.ingest_report` reports (and stores) what failed; this module plans,
@@ -95,7 +97,9 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     sources : str, Path or list
         A folder (recursive), a glob, CSV manifests, paths, or a list of these.
     n_workers : int, optional
-        joblib workers (default: all cores). 1 runs in this process.
+        Worker processes (default: all cores); 1 loads in this process. On Linux they are
+        forked at once, before the sources are scanned; where that is unsafe (other threads
+        running here) or a joblib backend was chosen (Dask, Ray), joblib runs them.
     mode : {None, "w", "a"}
         What to do with a file already at ``path``. None (default, also "x"): create it, and
         refuse with :class:`~h5store.errors.TargetExistsError` when it exists. "w": replace it once the new
