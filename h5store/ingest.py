@@ -7,10 +7,12 @@
    common root, without extension, ``/``-separated, sorted.
 2. **Prepare**: each feature sees all the sources it accepts once, in the parent, and may
    learn dataset-wide parameters (a label vocabulary, a CSV table).
-3. **Load**: sources go to joblib workers in small chunks; each worker runs
+3. **Load**: sources go to worker processes in small chunks; each worker runs
    ``feature.encode(feature.load(source))`` for every feature that accepts the source.
-   Results stream back *in order* (``return_as="generator"``, bounded by ``pre_dispatch``)
-   to the parent, the one writer, which appends them in large blocks.
+   The workers are forked when ``create`` is called, before the scan (on Linux, in a
+   single-threaded caller; else joblib runs them: :mod:`h5store.ingest_workers`). Results
+   stream back *in order*, at most ``2 * n_workers`` chunks in flight, to the parent, the one
+   writer, which appends them in large blocks.
 4. **Publish**: everything is written to a temporary sibling ``.<name>.partial``, flushed
    and fsynced every few seconds (the resume point), and moved into place with
    ``os.replace`` only when complete; the directory is fsynced after. An interrupted
@@ -23,8 +25,8 @@
 A source whose load fails is not stored, the others are; failures come back in the
 :class:`~h5store.ingest_report.IngestReport` and are stored in the file (``/_h5store/failures``, JSON).
 
-Because ingest is joblib, the same create runs on a Dask or Ray cluster through joblib's
-backends (``with joblib.parallel_config(backend="dask"): Speech.create(...)``).
+A chosen joblib backend runs the workers instead, so the same create runs on a Dask or Ray
+cluster (``with joblib.parallel_config(backend="dask"): Speech.create(...)``).
 
 The parts: :mod:`h5store.sources` expands the sources, :mod:`h5store.ingest_workers` loads
 them, :mod:`h5store.ingest_report` reports (and stores) what failed; this module plans,
@@ -57,7 +59,7 @@ from h5store.errors import (
     WriteError,
 )
 from h5store.ingest_report import Failure, IngestReport, shown, store_failures, stored_failures
-from h5store.ingest_workers import chunk_work, run_parallel, spool_folder
+from h5store.ingest_workers import ForkPool, chunk_work, run_parallel, spool_folder, start_workers
 from h5store.journal import journal_path
 from h5store.pio import fsync_dir, fsync_file
 from h5store.refs import normalize_id
@@ -95,7 +97,9 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     sources : str, Path or list
         A folder (recursive), a glob, CSV manifests, paths, or a list of these.
     n_workers : int, optional
-        joblib workers (default: all cores). 1 runs in this process.
+        Worker processes (default: all cores); 1 loads in this process. On Linux they are
+        forked at once, before the sources are scanned; where that is unsafe (other threads
+        running here) or a joblib backend was chosen (Dask, Ray), joblib runs them.
     mode : {None, "w", "a"}
         What to do with a file already at ``path``. None (default, also "x"): create it, and
         refuse with :class:`~h5store.errors.TargetExistsError` when it exists. "w": replace it once the new
@@ -153,14 +157,50 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         # would leave the file it names stale and turn the link into a file of its own.
         path = os.path.realpath(path)
     n_workers = n_workers or len(os.sched_getaffinity(0))
-    partial = _partial_path(path)
-    report = IngestReport()
-
-    all_sources, root = expand_sources(sources, root)
     declared = {n: f for n, f in cls.schema.groups[""].items() if f.pattern is not None or type(f).accepts is not Feature.accepts}
     if not declared:
         raise SourceError(f"{cls.__name__} has no feature that loads sources (give a feature a pattern)")
+    # The workers start first, forked before any file is opened (they inherit no writer's
+    # descriptor) and before the bar's monitor thread: they are ready when the scan is done.
+    pool = start_workers(n_workers)
+    bar = tqdm(total=None, unit="item", disable=not progress, dynamic_ncols=True,
+               desc=f"h5store create {os.path.basename(path)}")
+    bar.set_postfix_str("scanning sources", refresh=True)  # the first line, at once
+    report = IngestReport()
+    try:
+        out, work, seen, prepared, partial = _begin(cls, path, sources, mode, resume, root, declared, report)
+        bar.reset(total=len(work))
+        if work and n_workers > 1 and pool is None:
+            # joblib's workers start now (fresh interpreters importing numpy, h5py, the
+            # features' modules): say so, rather than show 0% with an ETA from the start-up.
+            bar.set_postfix_str(f"starting {n_workers} workers", refresh=True)
+        else:
+            bar.set_postfix_str("", refresh=True)
+        _fill(out, work, seen, prepared, report, n_workers, pool, bar, path, partial, on_error)
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.close()
+    report.wall_seconds = time.perf_counter() - t_start
+    if progress and report.warnings:
+        for line in report.lines():
+            if line.startswith("  warning"):
+                tqdm.write(f"h5store create:{line[1:]}", file=sys.stderr)
+    result = cls(path, mode="r")
+    result.report = report  # type: ignore[attr-defined]
+    return result
 
+
+def _begin(cls: type[TypedFile], path: str, sources: Any, mode: str | None, resume: bool, root: str | None,
+           declared: dict[str, Feature], report: IngestReport) -> tuple[Any, list[tuple[Source, list[str]]],
+                                                                     dict[str, Source], dict[str, Feature], str]:
+    """Scan, plan, prepare, check; then open the partial file to fill (``create``'s first half).
+
+    Returns the open partial file, the work (sources to load and their features), the
+    sources by id, the prepared features and the partial file's path.
+    """
+    partial = _partial_path(path)
+    all_sources, root = expand_sources(sources, root)
     # Everything is checked before anything is written: the file to continue from (a partial
     # file to resume, the target to append to) is only read until the checks have passed.
     base, action = _open_base(cls, path, partial, mode, resume)
@@ -193,24 +233,26 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         if _disk_failed(e):
             raise _disk_error(path, partial, e, report) from None
         raise
-    bar = tqdm(total=len(work), unit="item", disable=not progress, dynamic_ncols=True,
-               desc=f"h5store create {os.path.basename(path)}")
-    if n_workers > 1 and work:
-        # Starting workers takes seconds (each imports numpy, librosa...): say so, rather
-        # than show 0% with an ETA computed from the start-up time.
-        bar.set_postfix_str(f"starting {n_workers} workers", refresh=True)
-    spool = spool_folder(n_workers)
+    return out, work, seen, prepared, partial
+
+
+def _fill(out: TypedFile, work: list[tuple[Source, list[str]]], seen: dict[str, Source], prepared: dict[str, Feature],
+          report: IngestReport, n_workers: int, pool: ForkPool | None, bar: Any, path: str, partial: str,
+          on_error: str) -> None:
+    """Load ``work`` in the workers, write their results, publish (``create``'s second half)."""
+    spool = spool_folder(n_workers, pool)
     # Features declared without dtype or shape (h5s.Array()): the first item stored fixes them.
     undeclared = sorted(n for n, f in prepared.items() if not f.is_fixed)
     try:
         last_commit = time.perf_counter()
         started = False
-        for results, spooled in run_parallel(prepared, chunk_work(work, n_workers), n_workers, spool):
+        for results, spooled in run_parallel(prepared, chunk_work(work, n_workers), n_workers, spool, pool):
             if not started:
                 started = True
-                bar.reset(total=len(work))  # items/s and the ETA count from the first results
-                bar.set_postfix_str("", refresh=False)
-            t0 = time.perf_counter()
+                if pool is None and n_workers > 1:
+                    bar.reset(total=len(work))  # items/s and the ETA count from the first results
+                    bar.set_postfix_str("", refresh=False)
+            t0, c0 = time.perf_counter(), time.thread_time()
             good, sums = [], []
             for id, items, crcs, failed, seconds, said in results:
                 report.load_seconds += seconds
@@ -239,10 +281,13 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
                 out.flush()
                 last_commit = time.perf_counter()
             report.writer_seconds += time.perf_counter() - t0
+            report.writer_cpu_seconds += time.thread_time() - c0
             bar.update(len(results))
             if report.failures:
                 bar.set_postfix(failed=len(report.failures), refresh=False)
-        t0 = time.perf_counter()
+        if pool is not None:
+            pool.close()  # before the file closes: no worker outlives the writer's descriptors
+        t0, c0 = time.perf_counter(), time.thread_time()
         store_failures(out, report.failures)
         out.close()
         if on_error == "raise" and report.failures:
@@ -253,23 +298,15 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         os.replace(partial, path)
         fsync_dir(path)
         report.writer_seconds += time.perf_counter() - t0
+        report.writer_cpu_seconds += time.thread_time() - c0
     except BaseException as e:
         out.close()  # the partial file stays: resume=True continues from it
         if _disk_failed(e):
             raise _disk_error(path, partial, e, report) from None  # ... unless the disk refused it
         raise
     finally:
-        bar.close()
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
-    report.wall_seconds = time.perf_counter() - t_start
-    if progress and report.warnings:
-        for line in report.lines():
-            if line.startswith("  warning"):
-                tqdm.write(f"h5store create:{line[1:]}", file=sys.stderr)
-    result = cls(path, mode="r")
-    result.report = report  # type: ignore[attr-defined]
-    return result
 
 
 def _fit_undeclared(out: TypedFile, prepared: dict[str, Feature], names: list[str], good: list[tuple[str, dict[str, Any]]],

@@ -66,6 +66,9 @@ class IngestReport:
         too large"), once, with how many sources raised it and one of them.
     wall_seconds, writer_seconds, load_seconds : float
         Wall time of the run; time the parent spent writing; summed worker time.
+    writer_cpu_seconds : float
+        CPU time the parent's thread spent writing: ``writer_seconds`` without the waits for
+        a core (on a busy machine the two differ a lot).
 
     Examples
     --------
@@ -83,6 +86,7 @@ class IngestReport:
     wall_seconds: float = 0.0
     writer_seconds: float = 0.0
     load_seconds: float = 0.0
+    writer_cpu_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:

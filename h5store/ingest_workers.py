@@ -1,15 +1,29 @@
-"""The workers of a create: each loads and encodes its chunk of sources (joblib), and hands
-its arrays back to the one writer through a spool file in ``/dev/shm`` (on this machine) or
-through joblib's result pipe; a source whose load kills a worker is isolated and named.
+"""The workers of a create: each loads and encodes its chunk of sources, and hands its arrays
+back to the one writer through a spool file in ``/dev/shm`` (on this machine) or through the
+result pipe; a source whose load kills a worker is isolated and named.
+
+Two ways to run them:
+
+* :class:`ForkPool` (the default on Linux): worker processes forked from the caller when
+  :func:`~h5store.ingest.create` starts, before the sources are scanned. A forked worker has
+  numpy, h5py and h5store already imported: it is ready in milliseconds, where a fresh
+  interpreter (loky's workers) takes ~1 s to start and import them, seconds under load.
+* joblib (loky, Dask, Ray...): when the caller chose a joblib backend
+  (``joblib.parallel_config(backend="dask")``), when ``fork`` is not available, or when other
+  threads run in the caller (forking them is unsafe).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
@@ -23,7 +37,7 @@ from h5store.checksum import item_crc
 from h5store.pio import read_into, write_all
 from h5store.schema import Feature, Source
 
-__all__ = ["Spooled", "chunk_work", "load_chunk", "run_parallel", "spool_folder"]
+__all__ = ["ForkPool", "Spooled", "chunk_work", "load_chunk", "run_parallel", "spool_folder", "start_workers"]
 
 # ----------------------------------------------------------------------------- workers
 # Workers on this machine hand their arrays over through files in a private folder of
@@ -137,16 +151,13 @@ def _spool(features: dict[str, Feature], out: list[tuple[Any, ...]], folder: str
     return Spooled(path, columns, offset)
 
 
-def spool_folder(n_workers: int) -> str | None:
+def spool_folder(n_workers: int, pool: ForkPool | None = None) -> str | None:
     """A private folder in /dev/shm for the workers' results, when they run on this machine."""
     if n_workers <= 1 or not os.path.isdir(_SPOOL_ROOT) or not os.access(_SPOOL_ROOT, os.W_OK):
         return None
-    import joblib.parallel
-
-    backend, _ = joblib.parallel.get_active_backend()
-    # Dask, Ray or any other backend may run workers on other machines, or without this
-    # /dev/shm: their results keep going through joblib.
-    if type(backend).__name__ not in ("LokyBackend", "MultiprocessingBackend"):
+    # Dask, Ray or any other joblib backend may run workers on other machines, or without
+    # this /dev/shm: their results keep going through joblib.
+    if pool is None and not _local_joblib_backend():
         return None
     # Folders of creates that died without cleaning up (SIGKILL, OOM): their files hold RAM.
     # A live create changes its folder with every chunk; the age guards against a pid that
@@ -213,10 +224,16 @@ def chunk_work(work: list[tuple[Source, list[str]]], n_workers: int) -> list[lis
 
 
 def run_parallel(features: dict[str, Feature], chunks: list[list[tuple[Source, list[str]]]],
-                  n_workers: int, spool: str | None = None) -> Iterator[tuple[list[tuple[Any, ...]], Spooled | None]]:
-    """Yield each chunk's results in order; isolate sources whose load kills a worker."""
-    import joblib
+                  n_workers: int, spool: str | None = None,
+                  pool: ForkPool | None = None) -> Iterator[tuple[list[tuple[Any, ...]], Spooled | None]]:
+    """Yield each chunk's results in order; isolate sources whose load kills a worker.
 
+    With a ``pool`` (:func:`start_workers`), its processes load the chunks; else, with
+    ``n_workers > 1``, joblib's active backend does.
+    """
+    if pool is not None:
+        yield from pool.run(features, chunks, spool)
+        return
     done = 0
     while done < len(chunks):
         if n_workers == 1:
@@ -224,6 +241,8 @@ def run_parallel(features: dict[str, Feature], chunks: list[list[tuple[Source, l
                 yield load_chunk(features, chunk)
                 done += 1
             return
+        import joblib
+
         try:
             par = joblib.Parallel(n_jobs=n_workers, return_as="generator", pre_dispatch="2*n_jobs")
             for result in par(joblib.delayed(load_chunk)(features, c, spool) for c in chunks[done:]):
@@ -247,3 +266,163 @@ def _isolated(features: dict[str, Feature], item: tuple[Source, list[str]]) -> t
     except Exception as e:  # noqa: BLE001
         return (source.id, None, {}, [(n, "WorkerDied", f"the worker process died loading this source ({type(e).__name__})") for n in names], 0.0, [])
 
+
+
+# ----------------------------------------------------------------------------- the fork pool
+def _local_joblib_backend() -> bool:
+    """Whether joblib's active backend runs workers on this machine (loky, multiprocessing).
+
+    Without joblib imported, nobody configured another backend: the default (loky) is local.
+    """
+    if "joblib" not in sys.modules:
+        return True
+    import joblib.parallel
+
+    backend, _ = joblib.parallel.get_active_backend()
+    return type(backend).__name__ in ("LokyBackend", "MultiprocessingBackend")
+
+
+def _only_thread() -> bool:
+    """No other Python thread runs here (tqdm's monitor, which only sleeps and refreshes, aside).
+
+    A thread holding a lock when the process forks leaves that lock held forever in the child.
+    """
+    me = threading.current_thread()
+    return all(t is me or type(t).__name__ == "TMonitor" or not t.is_alive() for t in threading.enumerate())
+
+
+def start_workers(n_workers: int) -> ForkPool | None:
+    """Fork ``n_workers`` worker processes now, or None where joblib must run them.
+
+    None when ``n_workers <= 1``, off Linux (forking is unsafe on macOS), when the caller chose a joblib
+    backend other than loky/multiprocessing (Dask, Ray: ``joblib.parallel_config``), or when
+    other threads run in this process. Call it before any file is opened for writing, so the
+    workers inherit no writer's descriptors, and :meth:`ForkPool.close` it when done.
+
+    Examples
+    --------
+    >>> pool = start_workers(2)  # doctest: +SKIP
+    >>> for results, spooled in run_parallel(features, chunks, 2, pool=pool): ...  # doctest: +SKIP
+    >>> pool.close()  # doctest: +SKIP
+    """
+    import multiprocessing
+
+    # Linux only: macOS system libraries are not fork-safe (Python spawns there by default).
+    if n_workers <= 1 or not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    if not _local_joblib_backend() or not _only_thread():
+        return None
+    return ForkPool(n_workers)
+
+
+def _warm_up() -> int:
+    """A worker's first task, run while the parent scans the sources: the audio decoder's import."""
+    with contextlib.suppress(ImportError):
+        import soundfile  # noqa: F401
+    return os.getpid()
+
+
+def _worker_init(parent: int) -> None:
+    """In each forked worker: die with the parent, leave Ctrl-C to it, one BLAS thread."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the pool on KeyboardInterrupt
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)  # the parent died before the line above
+    global _BLAS_LIMIT
+    with contextlib.suppress(ImportError):
+        from threadpoolctl import threadpool_limits
+
+        # Two workers on two cores: a BLAS pool per worker (the mel matrix product) would
+        # oversubscribe the machine. Kept for the worker's life.
+        _BLAS_LIMIT = threadpool_limits(limits=1, user_api="blas")
+
+
+_BLAS_LIMIT: Any = None
+
+
+class ForkPool:
+    """``n_workers`` processes forked from this one, loading a create's chunks.
+
+    Started by :func:`start_workers` when a create begins: forking takes milliseconds and the
+    workers inherit every module imported so far, so they are ready before the sources are
+    scanned. Results come back in order, at most ``2 * n_workers`` chunks in flight. A worker
+    that dies (a segfault in a decoder, ``os._exit``) breaks the pool: the first unfinished
+    chunk is then loaded one source at a time, each in a process of its own, to name the
+    culprit (a ``WorkerDied`` failure) and keep the others, and a fresh pool takes the rest.
+    Workers die with the parent (``PR_SET_PDEATHSIG``) and ignore SIGINT.
+    """
+
+    def __init__(self, n_workers: int) -> None:
+        self.n_workers = n_workers
+        self._ex = self._start()
+
+    def _start(self) -> Any:
+        import concurrent.futures
+        import multiprocessing
+
+        ex = concurrent.futures.ProcessPoolExecutor(
+            self.n_workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_init,
+            initargs=(os.getpid(),))
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns about forking a process with threads, and counts native ones:
+            # numpy's OpenBLAS threads survive fork through their own pthread_atfork handlers.
+            warnings.filterwarnings("ignore", r"This process \(pid=\d+\) is multi-threaded", DeprecationWarning)
+            # The executor forks every worker at its first submit: now, not after the scan.
+            for _ in range(self.n_workers):
+                ex.submit(_warm_up)
+        return ex
+
+    def run(self, features: dict[str, Feature], chunks: list[list[tuple[Source, list[str]]]],
+            spool: str | None) -> Iterator[tuple[list[tuple[Any, ...]], Spooled | None]]:
+        """Each chunk's ``load_chunk`` result, in order."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        done = 0
+        while done < len(chunks):
+            pending: collections.deque[Any] = collections.deque()
+            todo = iter(chunks[done:])
+            try:
+                for chunk in todo:
+                    pending.append(self._ex.submit(load_chunk, features, chunk, spool))
+                    if len(pending) >= 2 * self.n_workers:
+                        break
+                while pending:
+                    result = pending.popleft().result()
+                    chunk = next(todo, None)
+                    if chunk is not None:  # refill first: the workers never wait for the writer
+                        pending.append(self._ex.submit(load_chunk, features, chunk, spool))
+                    yield result
+                    done += 1
+            except BrokenProcessPool:
+                self._ex.shutdown(wait=True, cancel_futures=True)
+                yield [_isolated_fork(features, item) for item in chunks[done]], None
+                done += 1
+                self._ex = self._start()
+
+    def close(self) -> None:
+        """Stop the workers (cancelling what they have not started) and wait for them."""
+        self._ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _isolated_fork(features: dict[str, Feature], item: tuple[Source, list[str]]) -> tuple[Any, ...]:
+    """``load_chunk`` of one source in a process of its own: its result, or a WorkerDied failure."""
+    import concurrent.futures
+    import multiprocessing
+
+    source, names = item
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"),
+                                                initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", r"This process \(pid=\d+\) is multi-threaded", DeprecationWarning)
+            future = ex.submit(load_chunk, features, [item])
+        return future.result()[0][0]
+    except Exception as e:  # noqa: BLE001 - the worker died: the source is the culprit
+        return (source.id, None, {}, [(n, "WorkerDied", f"the worker process died loading this source ({type(e).__name__})")
+                                      for n in names], 0.0, [])
+    finally:
+        ex.shutdown(wait=True)

@@ -1,6 +1,6 @@
 """The feature library. Importing it registers every built-in feature type.
 
-Heavy dependencies (soundfile, librosa, pillow) are imported inside the loaders that
+Heavy dependencies (soundfile, soxr, scipy.fft, pillow) are imported inside the loaders that
 need them: importing this package imports none of them.
 """
 

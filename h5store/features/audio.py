@@ -5,11 +5,13 @@ Every feature here decodes its source the same way (:func:`read_audio`, in
 reads it (every format libsndfile knows: 8/16/24/32-bit integer and float WAV, FLAC,
 OGG/Vorbis, AIFF...), the file is refused with a :class:`~h5store.errors.SourceError`
 naming the reason when it is empty, undecodable, truncated, or holds NaN/inf, channels
-are averaged to mono, and the signal is resampled with :func:`librosa.resample` when the
-file's rate differs from the feature's ``sr``.
+are averaged to mono, and the signal is resampled (the values of :func:`librosa.resample`,
+computed with soxr) when the file's rate differs from the feature's ``sr``.
 
-soundfile and librosa are imported inside the functions that use them: ``import
-h5store`` stays light.
+The spectral features compute librosa's values in plain numpy (:mod:`h5store.spectral`:
+bit-identical STFT magnitudes and mel filter banks, tested against librosa), so neither
+``import h5store`` nor a create's workers import librosa (seconds of imports and numba
+compilation per process); soundfile and soxr are imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from h5store.errors import SchemaError
 from h5store.features.audio_file import AUDIO_PATTERN, check_file, read_audio
 from h5store.schema import Feature
+from h5store.spectral import amplitude_to_db, mel_filterbank, power_to_db, stft_magnitude, window
 
 __all__ = [
     "AUDIO_PATTERN",
@@ -194,10 +197,8 @@ class _Spectral(Feature):
         return out
 
     def prepare(self, sources: list[Any], existing: Feature | None = None) -> Feature:
-        from scipy.signal import get_window
-
         try:
-            get_window(self.window, self.win_length or self.n_fft)
+            window(self.window, self.win_length or self.n_fft)
         except (ValueError, TypeError) as e:
             raise SchemaError(f"{type(self).__name__}: window {self.window!r} is not usable ({e})") from None
         _same_params(self, existing, _DATA_PARAMS + self._data_params())
@@ -211,14 +212,14 @@ class _Spectral(Feature):
         return read_audio(source, sr=self.sr, mono=True, dtype="float32")[0]
 
     def magnitude(self, source: Any) -> np.ndarray:
-        """``|STFT|`` of the source's audio, shared by the spectral features of one source.
+        """``|STFT|`` of the source's audio, time on the first axis, shared by the spectral
+        features of one source: ``np.abs(librosa.stft(y, ...)).T``, computed in plain numpy
+        (:func:`h5store.spectral.stft_magnitude`, bit-identical to librosa's).
 
         A worker loads every feature of a source in turn: mel, magnitude and MFCC with the
         same ``sr`` and STFT parameters decode the file and run the STFT once. The last result
         is kept (one entry, keyed by path, size, mtime and parameters), never more.
         """
-        import librosa
-
         try:
             st = os.stat(str(source))
         except OSError:
@@ -227,7 +228,10 @@ class _Spectral(Feature):
         key = (str(source), st.st_size, st.st_mtime_ns, self.sr, tuple(sorted(self._stft_kwargs().items())))
         if _LAST_STFT.get("key") != key:
             _LAST_STFT.clear()
-            _LAST_STFT["value"] = np.abs(librosa.stft(self.audio(source), **self._stft_kwargs()))
+            value = stft_magnitude(self.audio(source), self.n_fft, self.hop_length, self.win_length, self.window,
+                                   self.center)
+            value.flags.writeable = False  # shared by the features of the source: none may change it
+            _LAST_STFT["value"] = value
             _LAST_STFT["key"] = key
         return _LAST_STFT["value"]
 
@@ -241,7 +245,9 @@ class _Spectral(Feature):
         return self.sr / self.hop_length
 
     def _store(self, s: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(s.T, dtype=self.dtype)
+        out = np.ascontiguousarray(s, dtype=self.dtype)
+        # The shared |STFT| itself (power 1, no log): the item is the caller's, a copy.
+        return out.copy() if out is _LAST_STFT.get("value") else out
 
     def display_kind(self) -> str:
         return "spectrogram"
@@ -267,13 +273,11 @@ def _log(s: np.ndarray, log: Any, power: float) -> np.ndarray:
     if log is False:
         return s
     if log == "db":
-        import librosa
-
         if power == 2.0:
-            return librosa.power_to_db(s, ref=1.0)
+            return power_to_db(s, ref=1.0)
         if power == 1.0:
-            return librosa.amplitude_to_db(s, ref=1.0)
-        return librosa.power_to_db(s ** (2.0 / power), ref=1.0)
+            return amplitude_to_db(s, ref=1.0)
+        return power_to_db(s ** (2.0 / power), ref=1.0)
     return np.log(np.maximum(s, 1e-5))
 
 
@@ -287,8 +291,8 @@ def _check_log(out: list[str], log: Any, power: Any) -> None:
 class MagSpectrogram(_Spectral):
     """``|STFT|**power`` of the audio at ``sr``, time on the first axis.
 
-    Items are ``(frames, 1 + n_fft // 2)`` float32, computed with :func:`librosa.stft` on
-    the signal :func:`read_audio` returns (mono, resampled to ``sr``).
+    Items are ``(frames, 1 + n_fft // 2)`` float32: the values of :func:`librosa.stft`
+    (computed by :func:`h5store.spectral.stft_magnitude`) on the signal :func:`read_audio` returns (mono, resampled to ``sr``).
 
     Parameters
     ----------
@@ -415,12 +419,11 @@ class MelSpectrogram(_Spectral):
 
 
 def _mel(f: Any, source: Any, power: float) -> np.ndarray:
-    """The mel filter bank of ``f`` (n_mels, fmin, fmax) applied to ``|STFT|**power`` of ``source``."""
-    import librosa
-
-    return librosa.feature.melspectrogram(
-        S=f.magnitude(source) ** power, sr=f.sr, n_fft=f.n_fft, n_mels=f.n_mels, fmin=f.fmin, fmax=f.fmax,
-    )
+    """The mel filter bank of ``f`` (n_mels, fmin, fmax) applied to ``|STFT|**power`` of ``source``,
+    time first: ``librosa.feature.melspectrogram(S=|STFT|**power, ...).T`` (the same filter bank,
+    :func:`h5store.spectral.mel_filterbank`; one float32 matrix product)."""
+    fb = mel_filterbank(f.sr, f.n_fft, f.n_mels, float(f.fmin), None if f.fmax is None else float(f.fmax))
+    return (f.magnitude(source) ** power) @ fb.T
 
 
 def _check_mel(out: list[str], f: Any) -> None:
@@ -479,10 +482,10 @@ class MFCC(_Spectral):
         return ("n_mfcc", "n_mels", "fmin", "fmax")
 
     def load(self, source: Any) -> np.ndarray:
-        import librosa
+        from scipy.fft import dct  # scipy.fft alone: light, unlike scipy.signal or librosa
 
-        # mfcc(y=...) is the DCT of power_to_db(melspectrogram(y, power=2)): the same from |STFT|.
-        m = librosa.feature.mfcc(S=librosa.power_to_db(_mel(self, source, 2.0)), n_mfcc=self.n_mfcc)
+        # mfcc(y=...) is the orthonormal DCT-II of power_to_db(melspectrogram(y, power=2)) over mels.
+        m = dct(power_to_db(_mel(self, source, 2.0)), axis=-1, type=2, norm="ortho")[:, : self.n_mfcc]
         return self._store(m)
 
 
