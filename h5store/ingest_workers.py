@@ -267,7 +267,6 @@ def _isolated(features: dict[str, Feature], item: tuple[Source, list[str]]) -> t
         return (source.id, None, {}, [(n, "WorkerDied", f"the worker process died loading this source ({type(e).__name__})") for n in names], 0.0, [])
 
 
-
 # ----------------------------------------------------------------------------- the fork pool
 def _local_joblib_backend() -> bool:
     """Whether joblib's active backend runs workers on this machine (loky, multiprocessing).
@@ -295,8 +294,9 @@ def start_workers(n_workers: int) -> ForkPool | None:
     """Fork ``n_workers`` worker processes now, or None where joblib must run them.
 
     None when ``n_workers <= 1``, off Linux (forking is unsafe on macOS), when the caller chose a joblib
-    backend other than loky/multiprocessing (Dask, Ray: ``joblib.parallel_config``), or when
-    other threads run in this process. Call it before any file is opened for writing, so the
+    backend other than loky/multiprocessing (Dask, Ray: ``joblib.parallel_config``), when
+    other threads run in this process, or when torch, tensorflow or jax is imported (their
+    thread pools do not survive a fork). Call it before any file is opened for writing, so the
     workers inherit no writer's descriptors, and :meth:`ForkPool.close` it when done.
 
     Examples
@@ -310,9 +310,19 @@ def start_workers(n_workers: int) -> ForkPool | None:
     # Linux only: macOS system libraries are not fork-safe (Python spawns there by default).
     if n_workers <= 1 or not sys.platform.startswith("linux") or "fork" not in multiprocessing.get_all_start_methods():
         return None
-    if not _local_joblib_backend() or not _only_thread():
+    if not _local_joblib_backend() or not _only_thread() or _fork_unsafe_runtime():
         return None
     return ForkPool(n_workers)
+
+
+#: Frameworks that start OS thread pools of their own (OpenMP's libgomp among them) that a
+#: forked child inherits half-initialised: a feature calling into them there could hang.
+_FORK_UNSAFE = ("torch", "tensorflow", "jax")
+
+
+def _fork_unsafe_runtime() -> bool:
+    """Whether this process has imported a framework that is not safe to fork (joblib's loky spawns)."""
+    return any(name in sys.modules for name in _FORK_UNSAFE)
 
 
 def _warm_up() -> int:

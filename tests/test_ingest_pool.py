@@ -87,6 +87,9 @@ def test_start_workers_declines_where_forking_is_wrong():
     code = ("from h5store.ingest_workers import ForkPool, start_workers\n"
             "pool = start_workers(2)\nassert isinstance(pool, ForkPool), pool\npool.close()\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+    # torch's thread pools (libgomp) do not survive a fork: with torch imported, joblib spawns.
+    code = "import torch\nfrom h5store.ingest_workers import start_workers\nassert start_workers(2) is None\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_workers_run_one_blas_thread_and_ignore_sigint():
