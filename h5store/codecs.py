@@ -220,6 +220,8 @@ def _libblosc2() -> Any:
                 lib.blosc2_decompress_ctx.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
                                                       ctypes.c_void_p, ctypes.c_int32]
                 lib.blosc2_decompress_ctx.restype = ctypes.c_int
+                lib.blosc2_unshuffle.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
+                lib.blosc2_unshuffle.restype = ctypes.c_int32
                 lib.h5store_dparams = DParams(1, None, None, None, 8)
         except (OSError, AttributeError, ImportError):
             lib = None
@@ -286,8 +288,23 @@ def _check_fletcher32(data: bytes) -> bytes:
 
 
 def _unshuffle(data: bytes | np.ndarray, itemsize: int) -> np.ndarray:
-    """Undo HDF5's byte shuffle: byte 0 of every element, then byte 1, ..."""
+    """Undo HDF5's byte shuffle: byte 0 of every element, then byte 1, ...
+
+    libblosc2's SIMD ``blosc2_unshuffle`` (same layout: a tail shorter than one element
+    stays as is; ~3x numpy's strided copies, and the GIL released) where python-blosc2 is
+    installed, else numpy.
+    """
     raw = np.frombuffer(data, np.uint8)
+    lib = _libblosc2() if 1 < itemsize < 256 and len(raw) >= itemsize and len(raw) < 1 << 31 else None
+    if lib is not None:
+        out = np.empty(len(raw), np.uint8)
+        if lib.blosc2_unshuffle(itemsize, len(raw), raw.ctypes.data, out.ctypes.data) == len(raw):
+            return out
+    return _unshuffle_numpy(raw, itemsize)
+
+
+def _unshuffle_numpy(raw: np.ndarray, itemsize: int) -> np.ndarray:
+    """:func:`_unshuffle` in numpy."""
     whole = len(raw) // itemsize * itemsize
     planes = raw[:whole].reshape(itemsize, -1)
     out = np.empty(len(raw), np.uint8)
