@@ -13,8 +13,9 @@ rounds, with the same getter, batch size and worker count:
 
 Data: log-mels (80 bands, 16 kHz, hop 160, n_fft 512, librosa) of synthetic speech-like
 audio (a harmonic source with a gliding pitch through three moving formants, syllable-rate
-envelope, pauses and a little noise), rounded to float16 precision and stored as float32:
-what a pipeline that keeps half-precision features produces. Full float32 mantissas
+envelope, pauses and a little noise; items are crops of 40 such utterances (12 with ``--quick``), each with its
+own level and spectral tilt), rounded to float16 precision and stored as float32: what a
+pipeline that keeps half-precision features produces. Full float32 mantissas
 compress ~1.2x with any lossless codec (reported too); the file sizes table gives both.
 
 Run from the repository root::
@@ -104,18 +105,29 @@ def speech_like(rng: np.random.Generator, seconds: float) -> np.ndarray:
     return (y * syll * pauses + 0.003 * rng.standard_normal(n)).astype(np.float32)
 
 
-def make_items(n: int, seed: int = 0) -> list[np.ndarray]:
-    """``n`` log-mels of 1.5-5 s (150-500 frames x 80) of speech-like audio, float16 precision."""
+def make_items(n: int, seed: int = 0, pool: int = 40) -> list[np.ndarray]:
+    """``n`` log-mels of 150-500 frames x 80 of speech-like audio (full float32 precision).
+
+    ``pool`` utterances of 6 s are synthesised and analysed (librosa's STFT and mel filters);
+    each item is a crop of one of them with its own level (an offset in the log domain, as a
+    louder or quieter recording) and spectral tilt, so no two items hold the same values.
+    """
     import librosa
 
     rng = np.random.default_rng(seed)
     basis = librosa.filters.mel(sr=SR, n_fft=N_FFT, n_mels=C.N_MELS)
+    utterances = []
+    for _ in range(max(1, min(pool, n // 10))):
+        spec = np.abs(librosa.stft(speech_like(rng, 6.0), n_fft=N_FFT, hop_length=HOP)) ** 2
+        utterances.append(np.log(basis @ spec + 1e-6).T.astype(np.float32))
     out = []
+    bands = np.linspace(-1.0, 1.0, C.N_MELS, dtype=np.float32)
     for _ in range(n):
-        y = speech_like(rng, rng.uniform(1.5, 5.0))
-        spec = np.abs(librosa.stft(y, n_fft=N_FFT, hop_length=HOP)) ** 2
-        mel = np.log(basis @ spec + 1e-6).T.astype(np.float32)
-        out.append(mel)
+        u = utterances[int(rng.integers(len(utterances)))]
+        frames = int(rng.integers(150, 501))
+        a = int(rng.integers(0, len(u) - frames + 1))
+        level, tilt = np.float32(rng.uniform(-3, 3)), np.float32(rng.uniform(-0.5, 0.5))
+        out.append(np.ascontiguousarray(u[a : a + frames] + level + tilt * bands))
     return out
 
 
@@ -253,10 +265,12 @@ def main(argv: list[str] | None = None) -> int:
                 with Codecs(p, mode="w") as f:
                     f.extend(ids, {name: items for name in CODECS})
         lengths = np.array([len(m) for m in half])
+        pool = max(1, min(40, cfg.n_items // 10))
         res["data_note"] = (f"Data: {cfg.n_items:,} log-mel items of {lengths.min()}-{lengths.max()} frames x 80 "
-                            f"(mean {lengths.mean():.0f}; {raw / 1e6:,.0f} MB uncompressed), seed 0, in the page "
-                            "cache; default chunks are 64 KiB for compressed features (~204 frames), 512 KiB "
-                            "uncompressed.")
+                            f"(mean {lengths.mean():.0f}; {raw / 1e6:,.0f} MB uncompressed), crops of {pool} "
+                            "synthesised 6 s utterances, each with its own level and spectral tilt, seed 0, in "
+                            "the page cache; default chunks are 64 KiB for compressed features (~204 frames), "
+                            "512 KiB uncompressed.")
         res["sizes"] = sizes(path, raw, full_path)
         del full, half
         C.warm_page_cache([path])

@@ -302,6 +302,26 @@ class ChunkReader(PerProcessFile, ReaderBase):
             self._remember(key, values)
         return found
 
+    def read_scatter(self, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
+        """Rows ``[starts[j], +counts[j])`` into ``out[dest[j], :counts[j]]``, copied straight
+        from the decoded chunks (no intermediate array of the batch)."""
+        if not (self.ncell == 1 and self.chunks[1:] == self.shape[1:]):
+            ReaderBase.read_scatter(self, out, dest, starts, counts)
+            return
+        rows, n = self.chunk_rows, self.shape[0]
+        pieces: list[tuple[int, int, int, int, int]] = []  # (out item, its row, chunk, first, end row in the chunk)
+        for j, a0, k in zip(dest.tolist(), starts.tolist(), counts.tolist()):
+            if a0 + k > n:
+                raise CorruptRecordError(f"{self.where}: read of rows [{a0}, {a0 + k}) past the end ({n})")
+            o = 0
+            for c, a, end in piece_spans(a0, a0 + k, rows):
+                base = c * rows
+                pieces.append((j, o, c, a - base, end - base))
+                o += end - a
+        got = self.chunks_of([(c, 0) for c in dict.fromkeys(p[2] for p in pieces)])
+        for j, o, c, a, end in pieces:
+            out[j, o : o + end - a] = got[(c, 0)][a:end]
+
     def read_runs(self, plan: ReadPlan) -> np.ndarray:
         out = np.empty((plan.total, *self.shape[1:]), dtype=self.dtype)
         rows = self.chunk_rows
