@@ -137,6 +137,7 @@ def _lzf_decode(data: bytes, limit: int) -> bytes:
             out += (out[start:] * (ln // off + 1))[:ln]
     return bytes(out)
 
+
 class _PerThread(threading.local):
     """One decompression context per thread (zstd's and blosc's are not thread-safe)."""
 
@@ -180,6 +181,7 @@ def _zstd(data: bytes, limit: int) -> bytes:
 
 
 _LIBBLOSC2: list[Any] = []  # [the libblosc2 that python-blosc2 ships, through ctypes, or None]
+_LIBBLOSC2_LOCK = threading.Lock()  # decoding threads may ask for it first at the same time
 
 
 def _libblosc2() -> Any:
@@ -189,44 +191,52 @@ def _libblosc2() -> Any:
     threads decode blosc chunks in parallel only this way. Found without importing blosc2
     (that import takes ~0.5 s).
     """
-    if not _LIBBLOSC2:
-        lib = None
-        try:
-            import ctypes
+    if _LIBBLOSC2:
+        return _LIBBLOSC2[0]
+    with _LIBBLOSC2_LOCK:
+        if not _LIBBLOSC2:
+            _LIBBLOSC2.append(_load_libblosc2())
+    return _LIBBLOSC2[0]
 
-            spec = importlib.util.find_spec("blosc2")
-            roots = list(spec.submodule_search_locations or []) if spec is not None else []
-            for root in roots:
-                for name in ("libblosc2.so.9", "libblosc2.so", "libblosc2.dylib"):
-                    cand = os.path.join(root, "lib", name)
-                    if os.path.exists(cand):
-                        lib = ctypes.CDLL(cand)
-                        break
-                if lib is not None:
+
+def _load_libblosc2() -> Any:
+    """:func:`_libblosc2`'s loading: the library with its signatures declared, or None."""
+    lib = None
+    try:
+        import ctypes
+
+        spec = importlib.util.find_spec("blosc2")
+        roots = list(spec.submodule_search_locations or []) if spec is not None else []
+        for root in roots:
+            for name in ("libblosc2.so.9", "libblosc2.so", "libblosc2.dylib"):
+                cand = os.path.join(root, "lib", name)
+                if os.path.exists(cand):
+                    lib = ctypes.CDLL(cand)
                     break
             if lib is not None:
+                break
+        if lib is not None:
 
-                class DParams(ctypes.Structure):  # blosc2_dparams (blosc2.h)
-                    _fields_ = [("nthreads", ctypes.c_int16), ("schunk", ctypes.c_void_p),
-                                ("postfilter", ctypes.c_void_p), ("postparams", ctypes.c_void_p),
-                                ("typesize", ctypes.c_int32)]
+            class DParams(ctypes.Structure):  # blosc2_dparams (blosc2.h)
+                _fields_ = [("nthreads", ctypes.c_int16), ("schunk", ctypes.c_void_p),
+                            ("postfilter", ctypes.c_void_p), ("postparams", ctypes.c_void_p),
+                            ("typesize", ctypes.c_int32)]
 
-                lib.blosc2_init.restype = None
-                lib.blosc2_init()
-                lib.blosc2_create_dctx.argtypes = [DParams]
-                lib.blosc2_create_dctx.restype = ctypes.c_void_p
-                lib.blosc2_free_ctx.argtypes = [ctypes.c_void_p]
-                lib.blosc2_free_ctx.restype = None
-                lib.blosc2_decompress_ctx.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
-                                                      ctypes.c_void_p, ctypes.c_int32]
-                lib.blosc2_decompress_ctx.restype = ctypes.c_int
-                lib.blosc2_unshuffle.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
-                lib.blosc2_unshuffle.restype = ctypes.c_int32
-                lib.h5store_dparams = DParams(1, None, None, None, 8)
-        except (OSError, AttributeError, ImportError):
-            lib = None
-        _LIBBLOSC2.append(lib)
-    return _LIBBLOSC2[0]
+            lib.blosc2_init.restype = None
+            lib.blosc2_init()
+            lib.blosc2_create_dctx.argtypes = [DParams]
+            lib.blosc2_create_dctx.restype = ctypes.c_void_p
+            lib.blosc2_free_ctx.argtypes = [ctypes.c_void_p]
+            lib.blosc2_free_ctx.restype = None
+            lib.blosc2_decompress_ctx.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
+                                                  ctypes.c_void_p, ctypes.c_int32]
+            lib.blosc2_decompress_ctx.restype = ctypes.c_int
+            lib.blosc2_unshuffle.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]
+            lib.blosc2_unshuffle.restype = ctypes.c_int32
+            lib.h5store_dparams = DParams(1, None, None, None, 8)
+    except (OSError, AttributeError, ImportError):
+        lib = None
+    return lib
 
 
 def _blosc(data: bytes, limit: int) -> np.ndarray:

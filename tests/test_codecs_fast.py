@@ -375,3 +375,20 @@ class TestChunkBlosc(_FromFile):
     kind = ChunkReader
     reads_after_fork = True
 
+
+
+def test_libblosc2_unshuffle_equals_hdf5s_layout(tmp_path: Path) -> None:
+    """The SIMD unshuffle gives numpy's bytes for every length (tails shorter than one
+    element included), and both undo what HDF5's shuffle filter wrote."""
+    from h5store.codecs import _unshuffle, _unshuffle_numpy
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 3, 4, 5, 7, 63, 64, 65, 1000, 65539):
+        for size in (2, 3, 4, 8, 16):
+            raw = rng.integers(0, 256, n).astype(np.uint8)
+            assert _unshuffle(raw.tobytes(), size).tobytes() == _unshuffle_numpy(raw, size).tobytes(), (n, size)
+    x = rng.standard_normal((301, 3)).astype(">f8")  # 7224 bytes: HDF5 shuffles whole elements
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        ds = f.create_dataset("x", data=x, chunks=(301, 3), shuffle=True)
+        _, stored = ds.id.read_direct_chunk((0, 0))
+    assert _unshuffle(stored, 8).tobytes() == x.tobytes()
