@@ -51,8 +51,9 @@ def decode_threads() -> int:
 
 
 def set_decode_threads(n: int | None) -> None:
-    """Decode compressed chunks with ``n`` threads per process (1: in the reading thread;
-    None: the default, see :func:`decode_threads`).
+    """Decode compressed chunks with ``n`` threads per process: the reading thread and
+    ``n - 1`` in a pool (1: in the reading thread alone; None: the default, see
+    :func:`decode_threads`).
 
     Each DataLoader worker has its own pool: with many workers, fewer threads each.
 
@@ -293,14 +294,24 @@ class ChunkReader(PerProcessFile, ReaderBase):
             return found
         threads = decode_threads() if self.ds is None else 1  # a writer's chunks come through HDF5
         if len(missing) > 1 and threads > 1:
+            # One share of the chunks per thread, the calling thread decoding the first: one
+            # hand-over per thread and batch, not one per chunk (each costs ~10-20 us of Python).
             self._file()  # one descriptor, opened before the threads share it
-            decoded = list(_decode_pool(threads).map(self._decode, missing))
+            parts = min(threads, len(missing))
+            shares = [missing[i::parts] for i in range(parts)]
+            pool = _decode_pool(threads - 1)
+            futures = [pool.submit(self._decode_each, share) for share in shares[1:]]
+            decoded = [self._decode_each(shares[0]), *(fut.result() for fut in futures)]
         else:
-            decoded = [self._decode(key) for key in missing]
-        for key, values in zip(missing, decoded):
-            found[key] = values
-            self._remember(key, values)
+            shares, decoded = [missing], [self._decode_each(missing)]
+        for share, values in zip(shares, decoded):
+            for key, chunk in zip(share, values):
+                found[key] = chunk
+                self._remember(key, chunk)
         return found
+
+    def _decode_each(self, keys: list[tuple[int, int]]) -> list[np.ndarray]:
+        return [self._decode(key) for key in keys]
 
     def read_scatter(self, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
         """Rows ``[starts[j], +counts[j])`` into ``out[dest[j], :counts[j]]``, copied straight
