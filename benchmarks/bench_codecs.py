@@ -58,7 +58,7 @@ def rows_of(kib: int) -> int:
 
 
 #: feature -> (label, Array keywords); "mel" is the uncompressed reference (U). Chunk sizes
-#: are explicit, so that the sweep (16-256 KiB) does not depend on the default (64 KiB).
+#: are explicit, so that the sweep (16-256 KiB) does not depend on the default (32 KiB).
 CODECS: dict[str, tuple[str, dict[str, Any]]] = {
     "mel": ("U (uncompressed)", {}),
     "mel_gzip": ("gzip-4 + shuffle, 64 KiB", dict(compression="gzip", compression_opts=4, shuffle=True,
@@ -281,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         res["data_note"] = (f"Data: {cfg.n_items:,} log-mel items of {lengths.min()}-{lengths.max()} frames x 80 "
                             f"(mean {lengths.mean():.0f}; {raw / 1e6:,.0f} MB uncompressed), crops of {pool} "
                             "synthesised 6 s utterances, each with its own level and spectral tilt, seed 0, in "
-                            f"the page cache; chunks as labelled (64 KiB = {rows_of(64)} frames; h5store's default "
-                            "for compressed features is 64 KiB), 512 KiB uncompressed.")
+                            f"the page cache; chunks as labelled (32 KiB = {rows_of(32)} frames, h5store's default "
+                            "for compressed features, chosen by this sweep), 512 KiB uncompressed.")
         res["sizes"] = sizes(path, raw, full_path)
         del full, half
         C.warm_page_cache([path])

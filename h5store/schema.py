@@ -132,7 +132,7 @@ class Feature:
         The HDF5 shuffle filter before gzip or lzf (helps them on floats); zstd and blosc
         shuffle numbers already.
     chunk_rows : int or None
-        Rows per HDF5 chunk; default ~512 KiB per chunk (64 KiB compressed).
+        Rows per HDF5 chunk; default ~512 KiB per chunk (32 KiB compressed).
     pattern : str or None
         Regex (``re.search``) a source path must match for :meth:`load` to be called on
         it during ``create``; None means "not filled from sources" (use ``add``).
