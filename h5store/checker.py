@@ -132,7 +132,7 @@ class Checker:
 
     def too_large(self, ds: h5py.Dataset) -> str | None:
         """Why reading ``ds`` whole would need more memory than the file can justify, or None."""
-        filtered = bool(ds.compression or ds.shuffle or ds.scaleoffset)
+        filtered = bool(ds.id.get_create_plist().get_nfilters())  # plugins' too (zstd, blosc)
         nbytes = ds.dtype.itemsize
         for d in ds.shape or ():
             nbytes *= int(d)

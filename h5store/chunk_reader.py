@@ -1,4 +1,10 @@
-"""Filtered chunks (gzip, lzf, shuffle, fletcher32) decoded by h5store itself: :class:`ChunkReader`."""
+"""Filtered chunks (gzip, lzf, zstd, blosc, shuffle, fletcher32) decoded by h5store itself: :class:`ChunkReader`.
+
+A read's chunks are decoded by a small pool of threads (:func:`set_decode_threads`): every
+decoder releases the GIL (``os.pread``, zlib, liblzf, zstd and libblosc2 through C calls)
+and none takes HDF5's global lock, so a batch touching eight chunks decodes them on as
+many cores as there are.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import h5py
@@ -16,11 +23,66 @@ from h5store.errors import CorruptRecordError
 from h5store.layout import ReadPlan, piece_spans
 from h5store.reader_protocol import PerProcessFile, ReaderBase
 
-__all__ = ["ChunkReader"]
+__all__ = ["ChunkReader", "decode_threads", "set_decode_threads"]
+
+_THREADS: list[int | None] = [None]  # set_decode_threads's value (None: the default)
+_POOL: dict[str, Any] = {"pool": None, "pid": -1, "size": 0}
+_POOL_LOCK = threading.Lock()
+
+
+def decode_threads() -> int:
+    """Threads that decode a read's chunks: :func:`set_decode_threads`'s value, else the
+    ``H5STORE_DECODE_THREADS`` environment variable, else ``min(4, os.cpu_count())``.
+
+    Examples
+    --------
+    >>> decode_threads() >= 1
+    True
+    """
+    if _THREADS[0] is not None:
+        return _THREADS[0]
+    env = os.environ.get("H5STORE_DECODE_THREADS", "")
+    if env.strip():
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"H5STORE_DECODE_THREADS must be an int >= 1, got {env!r}") from None
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def set_decode_threads(n: int | None) -> None:
+    """Decode compressed chunks with ``n`` threads per process: the reading thread and
+    ``n - 1`` in a pool (1: in the reading thread alone; None: the default, see
+    :func:`decode_threads`).
+
+    Each DataLoader worker has its own pool: with many workers, fewer threads each.
+
+    Examples
+    --------
+    >>> set_decode_threads(2); decode_threads()
+    2
+    >>> set_decode_threads(None)
+    """
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"decode threads must be an int >= 1 or None, got {n!r}")
+    _THREADS[0] = n
+
+
+def _decode_pool(size: int) -> ThreadPoolExecutor:
+    """This process's decoding pool (a forked child makes its own: the parent's threads are
+    not in it)."""
+    with _POOL_LOCK:
+        pool = _POOL["pool"]
+        if pool is None or _POOL["pid"] != os.getpid() or _POOL["size"] != size:
+            if pool is not None and _POOL["pid"] == os.getpid():
+                pool.shutdown(wait=False)
+            pool = ThreadPoolExecutor(size, thread_name_prefix="h5store-decode")
+            _POOL.update(pool=pool, pid=os.getpid(), size=size)
+        return pool
 
 
 class ChunkReader(PerProcessFile, ReaderBase):
-    """Reads filtered chunked data (gzip, lzf, shuffle, fletcher32) itself, never past a chunk's size.
+    """Reads filtered chunked data (gzip, lzf, zstd, blosc, shuffle, fletcher32) itself, never past a chunk's size.
 
     HDF5's deflate filter (and h5py's lzf filter) grow their output until the stream
     ends, so a chunk declaring 64 KiB can inflate to gigabytes before HDF5 looks at its
@@ -32,9 +94,11 @@ class ChunkReader(PerProcessFile, ReaderBase):
     raises :class:`~h5store.errors.CorruptRecordError` naming the file, the dataset and the
     chunk. Unallocated chunks read as the fill value, as through HDF5.
 
-    ``pread`` and ``zlib`` release the GIL and take no HDF5 lock, so threads decode in
-    parallel. The chunks last read are kept (``cache_bytes``, like HDF5's chunk cache of
-    an h5store file), shared by the threads. A writer's reader (``via_hdf5``) asks HDF5 for
+    ``pread`` and every decoder release the GIL and take no HDF5 lock: the chunks one read
+    needs are decoded by a pool of threads at once (:func:`set_decode_threads`), and
+    reader threads (tf.data, the numpy iterator) decode in parallel too. The chunks last
+    read are kept (``cache_bytes``, like HDF5's chunk cache of an h5store file), shared by
+    the threads, so items that share a chunk decode it once. A writer's reader (``via_hdf5``) asks HDF5 for
     each chunk instead (``read_direct_chunk``): its chunks move as it writes, and HDF5
     holds what it has not yet written to the file.
 
@@ -45,7 +109,7 @@ class ChunkReader(PerProcessFile, ReaderBase):
     """
 
     stable = False  # a compressed chunk rewritten by a commit moves: rebound after commits
-    releases_gil = True  # pread and zlib (liblzf through ctypes) release it
+    releases_gil = True  # pread, zlib, zstd, liblzf and libblosc2 (through ctypes) release it
     survives_fork = False  # its descriptor is per process: reopened in a forked child
 
     def __init__(self, ds: h5py.Dataset, path: str, where: str | None = None, cache_bytes: int = 16 << 20,
@@ -182,15 +246,9 @@ class ChunkReader(PerProcessFile, ReaderBase):
                                   f"{why}; refused, nothing of it is returned (run `h5store verify --deep` on the "
                                   "file, and recreate or restore it)")
 
-    def chunk(self, c: int, cell: int = 0) -> np.ndarray:
-        """Chunk ``c`` (of cell ``cell`` across a row) decoded: an array of the chunk shape."""
-        key = (c, cell)
-        if self.cache_chunks:
-            with self._lock:
-                hit = self._cache.get(key)
-                if hit is not None:
-                    self._cache.move_to_end(key)
-                    return hit
+    def _decode(self, key: tuple[int, int]) -> np.ndarray:
+        """Chunk ``key = (c, cell)`` read and decoded (no cache): an array of the chunk shape."""
+        c, cell = key
         got = self._raw(c, cell)
         if got is None:
             return np.broadcast_to(self.fill, self.chunks)
@@ -204,31 +262,99 @@ class ChunkReader(PerProcessFile, ReaderBase):
         nbytes = len(data) if isinstance(data, bytes) else int(data.nbytes)
         if nbytes != limit:
             raise self._refuse(c, f"decodes to {nbytes} bytes, not its {limit} bytes")
-        values = np.frombuffer(data, self.dtype).reshape(self.chunks)
+        return np.frombuffer(data, self.dtype).reshape(self.chunks)
+
+    def _remember(self, key: tuple[int, int], values: np.ndarray) -> None:
         if self.cache_chunks:
             with self._lock:
                 self._cache[key] = values
                 while len(self._cache) > self.cache_chunks:
                     self._cache.popitem(last=False)
-        return values
+
+    def chunk(self, c: int, cell: int = 0) -> np.ndarray:
+        """Chunk ``c`` (of cell ``cell`` across a row) decoded: an array of the chunk shape."""
+        return self.chunks_of([(c, cell)])[(c, cell)]
+
+    def chunks_of(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+        """Chunks ``keys`` decoded, those not cached by the decoding threads at once."""
+        found: dict[tuple[int, int], np.ndarray] = {}
+        missing: list[tuple[int, int]] = []
+        if self.cache_chunks:
+            with self._lock:
+                for key in keys:
+                    hit = self._cache.get(key)
+                    if hit is not None:
+                        self._cache.move_to_end(key)
+                        found[key] = hit
+                    elif key not in found:
+                        missing.append(key)
+        else:
+            missing = list(dict.fromkeys(keys))
+        if not missing:
+            return found
+        threads = decode_threads() if self.ds is None else 1  # a writer's chunks come through HDF5
+        if len(missing) > 1 and threads > 1:
+            # One share of the chunks per thread, the calling thread decoding the first: one
+            # hand-over per thread and batch, not one per chunk (each costs ~10-20 us of Python).
+            self._file()  # one descriptor, opened before the threads share it
+            parts = min(threads, len(missing))
+            shares = [missing[i::parts] for i in range(parts)]
+            pool = _decode_pool(threads - 1)
+            futures = [pool.submit(self._decode_each, share) for share in shares[1:]]
+            decoded = [self._decode_each(shares[0]), *(fut.result() for fut in futures)]
+        else:
+            shares, decoded = [missing], [self._decode_each(missing)]
+        for share, values in zip(shares, decoded):
+            for key, chunk in zip(share, values):
+                found[key] = chunk
+                self._remember(key, chunk)
+        return found
+
+    def _decode_each(self, keys: list[tuple[int, int]]) -> list[np.ndarray]:
+        return [self._decode(key) for key in keys]
+
+    def read_scatter(self, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
+        """Rows ``[starts[j], +counts[j])`` into ``out[dest[j], :counts[j]]``, copied straight
+        from the decoded chunks (no intermediate array of the batch)."""
+        if not (self.ncell == 1 and self.chunks[1:] == self.shape[1:]):
+            ReaderBase.read_scatter(self, out, dest, starts, counts)
+            return
+        rows, n = self.chunk_rows, self.shape[0]
+        pieces: list[tuple[int, int, int, int, int]] = []  # (out item, its row, chunk, first, end row in the chunk)
+        for j, a0, k in zip(dest.tolist(), starts.tolist(), counts.tolist()):
+            if a0 + k > n:
+                raise CorruptRecordError(f"{self.where}: read of rows [{a0}, {a0 + k}) past the end ({n})")
+            o = 0
+            for c, a, end in piece_spans(a0, a0 + k, rows):
+                base = c * rows
+                pieces.append((j, o, c, a - base, end - base))
+                o += end - a
+        got = self.chunks_of([(c, 0) for c in dict.fromkeys(p[2] for p in pieces)])
+        for j, o, c, a, end in pieces:
+            out[j, o : o + end - a] = got[(c, 0)][a:end]
 
     def read_runs(self, plan: ReadPlan) -> np.ndarray:
         out = np.empty((plan.total, *self.shape[1:]), dtype=self.dtype)
         rows = self.chunk_rows
         whole = self.ncell == 1 and self.chunks[1:] == self.shape[1:]
+        pieces: list[tuple[int, int, int, int]] = []  # (out row, chunk, first row, end row in the chunk)
         o = 0
         for a0, b0 in plan.runs.tolist():
             if b0 > self.shape[0]:
                 raise CorruptRecordError(f"{self.where}: read of rows [{a0}, {b0}) past the end ({self.shape[0]})")
             for c, a, end in piece_spans(a0, b0, rows):
                 base = c * rows
-                if whole:
-                    out[o : o + end - a] = self.chunk(c)[a - base : end - base]
-                else:
-                    for k in range(self.ncell):
-                        box = tuple(slice(i, min(i + ch, s))
-                                    for i, ch, s in zip(self._cell_offset(k), self.chunks[1:], self.shape[1:]))
-                        part = tuple(slice(0, s.stop - s.start) for s in box)
-                        out[(slice(o, o + end - a), *box)] = self.chunk(c, k)[(slice(a - base, end - base), *part)]
+                pieces.append((o, c, a - base, end - base))
                 o += end - a
+        cells = range(self.ncell)
+        got = self.chunks_of([(c, k) for c in dict.fromkeys(p[1] for p in pieces) for k in cells])
+        for o, c, a, end in pieces:
+            if whole:
+                out[o : o + end - a] = got[(c, 0)][a:end]
+                continue
+            for k in cells:
+                box = tuple(slice(i, min(i + ch, s))
+                            for i, ch, s in zip(self._cell_offset(k), self.chunks[1:], self.shape[1:]))
+                part = tuple(slice(0, s.stop - s.start) for s in box)
+                out[(slice(o, o + end - a), *box)] = got[(c, k)][(slice(a, end), *part)]
         return out

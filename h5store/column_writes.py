@@ -22,6 +22,7 @@ from h5store.reader_protocol import Reader
 __all__ = ["ColumnWrites", "chunk_rows"]
 
 _CHUNK_BYTES = 1 << 19  # ~512 KiB chunks: large sequential reads, modest waste in small files
+_FILTERED_CHUNK_BYTES = 32 << 10  # compressed (filtered) data: see chunk_rows
 _SPILL_BYTES = 32 << 20  # pending rows are written in blocks of this size
 # Whole chunks at least this large are written with H5Dwrite_chunk, straight from the staging
 # buffer: no copy into HDF5's chunk cache and no selection machinery (half the CPU per byte of
@@ -36,9 +37,10 @@ def chunk_rows(spec: ColumnSpec) -> int:
         return spec.chunk_rows
     # Narrow rows (scalars, log values) get at most 16k rows per chunk: HDF5 rewrites the whole
     # last chunk on every append commit, so a 512 KiB chunk of scalars would cost 512 KiB each.
-    # Compressed chunks are decompressed whole on every read that touches them: keep them
-    # small (64 KiB) so a random window does not decompress half a megabyte.
-    target = (64 << 10) if spec.filtered else _CHUNK_BYTES
+    # Compressed chunks are decoded whole on every read that touches them: keep them small.
+    # 32 KiB served fastest of 16/32/64/256 KiB (blosc:lz4 and zstd, whole items and 64-frame
+    # windows, in-process and in workers: benchmarks/bench_codecs.py) for ~1-4% of ratio.
+    target = _FILTERED_CHUNK_BYTES if spec.filtered else _CHUNK_BYTES
     return max(1, min(target // max(spec.row_nbytes, 1), 1 << 14))
 
 

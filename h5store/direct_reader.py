@@ -47,7 +47,7 @@ class DirectReader(PerProcessFile, ReaderBase):
         """A direct reader when ``ds`` is plain numeric bytes in this file, else None."""
         if ds.dtype.kind not in "biufc" or ds.dtype.hasobject:
             return None
-        if ds.compression or ds.shuffle or ds.fletcher32 or ds.scaleoffset is not None:  # (0: integers, automatic)
+        if ds.id.get_create_plist().get_nfilters():  # any filter: gzip, lzf, a plugin's (zstd, blosc)...
             return None
         if ds.external or ds.is_virtual:
             return None

@@ -38,6 +38,7 @@ __all__ = [
     "ATTR_VERSION",
     "CHECKSUM",
     "COLUMN_DATASETS",
+    "BLOSC_CODECS",
     "COMPRESSIONS",
     "DATA",
     "FORMAT_VERSION",
@@ -65,7 +66,40 @@ COLUMN_DATASETS = (DATA, INDEX, CHECKSUM, FRAMES)
 #: An absent item's index row is ``[ABSENT, ABSENT]``.
 ABSENT = -1
 LAYOUTS = ("fixed", "ragged", "blobs")
-COMPRESSIONS = (None, "gzip", "lzf")
+#: The codecs a feature may declare. "zstd" and "blosc" (also "blosc:<codec>", one of
+#: :data:`BLOSC_CODECS`; "blosc" is "blosc:lz4") are stored as the registered HDF5 filters
+#: 32015 and 32001 that ``hdf5plugin`` writes and reads, byte-shuffled for numbers wider
+#: than a byte (``docs/format.md``).
+COMPRESSIONS = (None, "gzip", "lzf", "zstd", "blosc")
+BLOSC_CODECS = ("lz4", "lz4hc", "blosclz", "zstd", "zlib")
+#: Levels each codec takes as ``compression_opts`` (None: the codec's default).
+_LEVELS = {"gzip": range(10), "zstd": range(1, 23), "blosc": range(10)}
+
+
+def codec_family(compression: str | None) -> str | None:
+    """``"blosc"`` for ``"blosc:zstd"``; the name itself otherwise (None for no compression)."""
+    return compression.split(":", 1)[0] if compression else None
+
+
+def compression_problems(compression: Any, opts: Any, shuffle: bool) -> list[str]:
+    """What is wrong with a declared codec, level and shuffle (empty when valid)."""
+    if compression is not None and not isinstance(compression, str):
+        return [f"compression must be one of {COMPRESSIONS} or 'blosc:<codec>', got {compression!r}"]
+    family = codec_family(compression)
+    if family not in COMPRESSIONS or (
+            compression != family and (family != "blosc" or compression.split(":", 1)[1] not in BLOSC_CODECS)):
+        return [f"compression must be one of {COMPRESSIONS} or 'blosc:<codec>' with a codec of {BLOSC_CODECS}, "
+                f"got {compression!r}"]
+    out = []
+    if opts is not None:
+        levels = _LEVELS.get(family or "")
+        if levels is None:
+            out.append(f"compression_opts (a level) is for {tuple(_LEVELS)}, not {compression!r}")
+        elif not isinstance(opts, int) or isinstance(opts, bool) or opts not in levels:
+            out.append(f"compression_opts for {family} is a level in [{levels.start}, {levels.stop - 1}], got {opts!r}")
+    if family == "blosc" and shuffle:
+        out.append("blosc shuffles bytes itself: leave shuffle=False (an HDF5 shuffle before it would undo its own)")
+    return out
 #: The ids table of every group.
 IDS = "ids"
 
@@ -114,8 +148,7 @@ class ColumnSpec:
             out.append(f"a blobs layout stores bytes: dtype 'uint8', shape (None,), got {self.dtype!r} {self.shape!r}")
         if self.layout == "ragged" and (not self.shape or self.shape[0] is not None):
             out.append(f"a ragged layout needs shape (None, ...), got {self.shape!r}")
-        if self.compression not in COMPRESSIONS:
-            out.append(f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
+        out.extend(compression_problems(self.compression, self.compression_opts, self.shuffle))
         if self.chunk_rows is not None and self.chunk_rows <= 0:
             out.append(f"chunk_rows must be > 0, got {self.chunk_rows}")
         return out

@@ -55,7 +55,9 @@ __all__ = [
 
 #: HDF5 filter ids h5store files may use: what h5py decodes without plugins, minus the
 #: filters with published decoder CVEs (scale-offset, n-bit) and szip.
-ALLOWED_FILTERS: Mapping[int, str] = {1: "gzip", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+#: zstd and blosc (hdf5plugin's ids) are decoded by h5store's bounded decoders, never by HDF5.
+ALLOWED_FILTERS: Mapping[int, str] = {1: "gzip", 2: "shuffle", 3: "fletcher32", 32000: "lzf", 32001: "blosc",
+                                      32015: "zstd"}
 _KNOWN_FILTERS = {**ALLOWED_FILTERS, 4: "szip", 5: "nbit", 6: "scaleoffset"}
 #: Objects under ``/_h5store`` (library bookkeeping, e.g. the failures of a create).
 INTERNAL_GROUP = "_h5store"
@@ -303,7 +305,7 @@ def check_untrusted(h5file: h5py.File, path: str | None = None, limits: Limits |
     Walks every object of the layout (``docs/format.md``) with HDF5's low-level API and
     raises :class:`~h5store.errors.FormatError`, naming the object, for: soft, external and
     user-defined links; external raw storage; virtual datasets; a filter other than gzip,
-    lzf, shuffle or fletcher32; a datatype that is not a plain number; any object the
+    lzf, zstd, blosc, shuffle or fletcher32; a datatype that is not a plain number; any object the
     format does not name; a declared shape whose bytes exceed the file (unfiltered) or
     ``limits.max_ratio`` x the file (filtered); chunks larger than
     ``limits.max_chunk_bytes`` once decompressed, or stored outside the file, or whose rank

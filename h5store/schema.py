@@ -121,15 +121,19 @@ class Feature:
     layout : {"ragged", "fixed", "blobs"} or None
         Derived from ``shape`` when None. "blobs" stores each item as a sequence of
         byte strings (frames of a video), readable a few at a time.
-    compression : {None, "gzip", "lzf"}
-        HDF5 filter. BEWARE: compressed data is read through HDF5 and its global lock;
-        uncompressed data takes the direct read path, many times faster.
+    compression : {None, "gzip", "lzf", "zstd", "blosc", "blosc:<codec>"}
+        The codec of the stored data. "zstd" (HDF5 filter 32015) and "blosc" (filter 32001,
+        lz4 inside; or "blosc:lz4hc", "blosc:zstd", "blosc:blosclz", "blosc:zlib")
+        byte-shuffle numbers wider than a byte and are read with ``hdf5plugin`` by plain
+        h5py. h5store decodes every codec itself, in threads, bounded by the chunk's size
+        (``docs/features.md``, "Compression": which one to pick, and what it costs).
     compression_opts : int or None
-        gzip level.
+        Level: gzip 0-9, zstd 1-22 (default 3), blosc 0-9 (default 5).
     shuffle : bool
-        The HDF5 shuffle filter (helps gzip on floats).
+        The HDF5 shuffle filter before gzip or lzf (helps them on floats); zstd and blosc
+        shuffle numbers already.
     chunk_rows : int or None
-        Rows per HDF5 chunk; default ~1 MiB per chunk.
+        Rows per HDF5 chunk; default ~512 KiB per chunk (32 KiB compressed).
     pattern : str or None
         Regex (``re.search``) a source path must match for :meth:`load` to be called on
         it during ``create``; None means "not filled from sources" (use ``add``).

@@ -29,7 +29,7 @@ from h5store.storage import ChunkReader, _fletcher32, _lzf, _lzf_decode, _TooLar
 
 
 class Gz(h5s.TypedFile):
-    x = h5s.Array(dtype="float32", shape=(None, 4), compression="gzip", shuffle=True)
+    x = h5s.Array(dtype="float32", shape=(None, 4), compression="gzip", shuffle=True, chunk_rows=4096)  # 64 KiB
     y = h5s.Array(dtype="int16", shape=(None,), compression="lzf", chunk_rows=1 << 15)  # 64 KiB chunks
 
 

@@ -27,7 +27,8 @@ FrameEnergy = _ns["FrameEnergy"]
 
 
 def test_doc_blocks_declare_what_they_say():
-    assert len(BLOCKS) == 3
+    assert len(BLOCKS) == 4
+    assert _ns["Compressed"].mel.spec().compression == "blosc" and _ns["Compressed"].mag.spec().compression == "zstd"
     assert _ns["Speech"].mel.spec().shape == (None, 80)
     assert h5s.feature_types()["myproject.FrameEnergy"] is FrameEnergy
     with pytest.raises(h5s.SchemaError, match="Bad.energy: frame must be > 0, got 0"):
