@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from h5store.serving.buffers import BatchPool
 from h5store.serving.collate import to_torch
 from h5store.serving.dataset import FileDataset
 from h5store.serving.getters import Getter
@@ -408,6 +409,9 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
     else:  # the user's sampler, or unbatched examples: DataLoader's own rules
         kw.update(batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
     kw.setdefault("collate_fn", dataset.collate)
+    # In this process, batch buffers are reused once the loop drops them (no page faults per
+    # batch); workers write theirs into a shared-memory ring instead (_WorkerInit).
+    dataset.files.alloc = BatchPool()
     if kw.get("num_workers", 0):
         # Slots: the batches a worker has queued, plus those the loop may still hold.
         slots = 2 * (kw.get("prefetch_factor") or 2) + 4
