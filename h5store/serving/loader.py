@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,7 +36,39 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 
 def _release(ring: np.ndarray, slot: int) -> None:
-    ring[8 * slot : 8 * slot + 8].view(np.int64)[0] = 0
+    ring[8 * (slot + 1) : 8 * (slot + 2)].view(np.int64)[0] = 0
+
+
+# The rings this (main) process has mapped, by (worker pid, ring number): a ring travels
+# once; later batches name it. Sending the shared block with every batch cost a descriptor
+# transfer (a socket connect + recvmsg to the worker's resource sharer) and a fresh mapping,
+# faulted in again, per batch.
+_RINGS: dict[tuple[int, int], torch.Tensor] = {}
+_SERIAL = itertools.count()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _adopt(key: tuple[int, int], ring: torch.Tensor) -> torch.Tensor:
+    """Keep ``ring`` mapped here under ``key`` (and tell its worker so: header word 0); drop
+    the rings of exited workers and the replaced rings of this one."""
+    known = _RINGS.get(key)
+    if known is not None:
+        return known
+    pid, serial = key
+    for old in [k for k in _RINGS if (k[0] == pid and k[1] < serial) or not _alive(k[0])]:
+        del _RINGS[old]
+    _RINGS[key] = ring
+    ring.numpy()[:8].view(np.int64)[0] = 1
+    return ring
 
 
 class RingBatch:
@@ -50,8 +84,9 @@ class RingBatch:
     """
 
     def __init__(self, ring: torch.Tensor, slot: int, start: int, layout: dict[str, tuple[int, str, tuple[int, ...]]],
-                 other: dict[str, Any], order: list[str]) -> None:
+                 other: dict[str, Any], order: list[str], key: tuple[int, int] = (0, 0)) -> None:
         self.ring = ring
+        self.key = key
         self.slot = slot
         self.start = start
         self.layout = layout
@@ -60,9 +95,21 @@ class RingBatch:
         self._owner = False  # True in the process that received it: it hands the slot back
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_owner"}
+        state = {k: v for k, v in self.__dict__.items() if k != "_owner"}
+        if self.ring.numpy()[:8].view(np.int64)[0]:  # the main process maps this ring already
+            state["ring"] = None
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        ring = state["ring"]
+        if ring is None:
+            ring = _RINGS.get(state["key"])
+            if ring is None:
+                raise RuntimeError(f"serve: a batch names shared-memory ring {state['key']} that this process never "
+                                   "received; a RingBatch can only be unpickled by the process serve() runs in")
+        else:
+            ring = _adopt(state["key"], ring)
+        state["ring"] = ring
         self.__dict__.update(state)
         self._owner = True
 
@@ -117,17 +164,20 @@ class RingBatch:
 
 
 class _Ring:
-    """``slots`` regions of ``slot_bytes`` in one shared block, behind a header of int64 flags (1 = in use)."""
+    """``slots`` regions of ``slot_bytes`` in one shared block, behind a header of int64 words:
+    word 0 is 1 once the main process maps the ring, then one flag per slot (1 = in use)."""
 
     def __init__(self, slots: int, slot_bytes: int) -> None:
         self.slots = slots
         self.slot_bytes = slot_bytes
-        self.header = -(-8 * slots // _PAGE) * _PAGE
+        self.key = (os.getpid(), next(_SERIAL))
+        self.header = -(-8 * (slots + 1) // _PAGE) * _PAGE
         total = self.header + slots * slot_bytes
         storage = torch.UntypedStorage._new_shared(total)
         self.tensor = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (total,))
         self.np = self.tensor.numpy()
-        self.flags = self.np[: 8 * slots].view(np.int64)
+        self.np[:8].view(np.int64)[0] = 0
+        self.flags = self.np[8 : 8 * (slots + 1)].view(np.int64)
         self.flags[:] = 0
 
     def take(self) -> int:
@@ -217,7 +267,7 @@ class SharedBatches:
             layout[key] = (off, v.dtype.str, v.shape)
         other = to_torch({k: v for k, v in batch.items() if k not in layout})
         self.sent = True
-        return RingBatch(ring.tensor, self.slot, base, layout, other, list(batch))
+        return RingBatch(ring.tensor, self.slot, base, layout, other, list(batch), ring.key)
 
 
 class _WorkerInit:
