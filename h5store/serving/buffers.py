@@ -12,6 +12,7 @@ the numpy and tf.data iterators their own aligned pool (:mod:`h5store.serving.nu
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +21,10 @@ import numpy as np
 
 __all__ = ["BatchPool"]
 
-_MIN_POOLED = 64 << 10  # smaller arrays come from malloc's own free lists: nothing to gain
+# Smaller buffers come from malloc's heap, which reuses them warm: measured here, pooling a
+# 655 KB batch of windows was slower (0.81x against 1.16x R for np.empty), a 3 MB batch of
+# whole items faster (1.50x against 0.91x R), in the same interleaved rounds.
+_MIN_POOLED = 1 << 20
 _ALIGN = 64  # bytes: tensorflow adopts a 64-byte aligned numpy buffer without a copy
 
 
@@ -32,7 +36,7 @@ def _give_back(free: list[np.ndarray], keep: int, block: np.ndarray) -> None:
 class BatchPool:
     """An allocator with ``np.empty``'s signature whose large buffers are reused.
 
-    Buffers of at least 64 KiB are cut from blocks of power-of-two sizes (64-byte
+    Buffers of at least 1 MiB are cut from blocks of power-of-two sizes (64-byte
     aligned); a block returns to its free list when the array handed out (and every view
     or tensor of it) is garbage. At most ``keep`` free blocks are kept per size. Like ``np.empty``, the
     contents are whatever was there: callers write every element (padding included).
@@ -64,7 +68,7 @@ class BatchPool:
     def __call__(self, shape: Sequence[int] | int, dtype: Any = float) -> np.ndarray:
         dtype = np.dtype(dtype)
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < _MIN_POOLED or dtype.hasobject:
             return np.empty(shape, dtype)
         size = 1 << (nbytes - 1).bit_length()
@@ -75,9 +79,11 @@ class BatchPool:
             raw = np.empty(size + _ALIGN, np.uint8)
             start = -raw.ctypes.data % _ALIGN
             block = raw[start : start + size]
-        out = block[:nbytes].view(dtype).reshape(shape)
-        weakref.finalize(out, _give_back, free, self.keep, block)
-        return out
+        # An array over a memoryview: numpy's views of it (slices, reshapes, torch tensors of
+        # those) name *it* as their base, not the block, so it lives as long as any of them.
+        flat = np.frombuffer(memoryview(block)[:nbytes], dtype=dtype)
+        weakref.finalize(flat, _give_back, free, self.keep, block)
+        return flat.reshape(shape)
 
     @property
     def pooled_bytes(self) -> int:
