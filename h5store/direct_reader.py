@@ -1,7 +1,8 @@
-"""Unfiltered rows read with ``os.preadv`` at byte offsets HDF5 reported once: :class:`DirectReader`."""
+"""Unfiltered rows read at byte offsets HDF5 reported once (a mapping of the file, or ``os.preadv``): :class:`DirectReader`."""
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import h5py
@@ -14,15 +15,27 @@ from h5store.reader_protocol import PerProcessFile, ReaderBase
 
 __all__ = ["DirectReader"]
 
+# Ranges up to this size are copied from a read-only mapping of the file with numpy, larger
+# ones (whole-dataset copies) read with os.preadv. Measured here in interleaved rounds
+# against the memmap reference R: 64-frame windows (20 KB) 1.43x R mapped against 0.90x
+# with preadv, whole items (32-190 KB) 1.13x against 0.80-0.85x R in process CPU per item:
+# a numpy slice copy costs less per call than preadv and its Python bookkeeping, and copies
+# at least as fast. numpy releases the GIL for such copies, so threads still read in parallel.
+MAP_MAX_BYTES = 64 << 20
+
 
 class DirectReader(PerProcessFile, ReaderBase):
-    """Reads unfiltered rows with ``os.preadv`` at byte offsets HDF5 reported once.
+    """Reads unfiltered rows at byte offsets HDF5 reported once: numpy copies from a read-only
+    mapping of the file (ranges up to :data:`MAP_MAX_BYTES`), else ``os.preadv``.
 
     ``pieces`` map row ranges to file offsets: ``starts`` (the first row of each piece,
     increasing), ``offsets`` (its byte offset) and ``piece_rows`` (its rows, one count per
     piece). A piece is an extent: a run of chunks laid end to end on disk
     (:func:`~h5store.layout.merge_extents`), so a range of rows crossing chunk boundaries is
-    one read; contiguous data is a single piece. The offsets stay right while a writer
+    one read; contiguous data is a single piece. The mapping is per process, checked
+    against the file's size before every batch (a truncated file raises
+    :class:`~h5store.errors.CorruptRecordError` naming it, instead of SIGBUS) and made
+    again, larger, when a read needs bytes a writer appended. The offsets stay right while a writer
     appends: an unfiltered chunk never moves, and committed rows are never rewritten with
     other bytes, so these reads need neither HDF5 nor the commit lock (``stable``).
     """
@@ -43,6 +56,8 @@ class DirectReader(PerProcessFile, ReaderBase):
         self.piece_rows = np.broadcast_to(np.asarray(piece_rows, dtype=np.int64), self.starts.shape).copy()
         self._fd: int | None = None
         self._pid = -1
+        self._map: np.ndarray | None = None  # uint8 over a read-only mapping of the whole file
+        self._map_pid = -1
 
     @classmethod
     def for_dataset(cls, ds: h5py.Dataset, path: str, where: str | None = None) -> DirectReader | None:
@@ -78,6 +93,30 @@ class DirectReader(PerProcessFile, ReaderBase):
         starts, offsets, extent_rows = merge_extents(starts, offsets, rows, row_nbytes)
         return cls(path, ds.shape, ds.dtype, starts, offsets, extent_rows, where)
 
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_map"], state["_map_pid"] = None, -1
+        return state
+
+    def close(self) -> None:
+        self._map = None  # unmapped once no copy in flight (another thread's) holds it
+        super().close()
+
+    def _mapping(self, fd: int, need: int) -> np.ndarray:
+        """This process's mapping of the file, covering byte ``need``; checked against the
+        file's size first (a read past the end of a mapping would be SIGBUS, not an error)."""
+        size = os.fstat(fd).st_size
+        if size < need:
+            raise CorruptRecordError(f"{self.where}: the file ends at byte {size}, before byte {need} of the data: "
+                                     "the file is truncated")
+        m = self._map
+        if m is None or self._map_pid != os.getpid() or len(m) < need:
+            # Maps the whole file as it is now; a writer's later appends are mapped when a
+            # read needs them. The old mapping is unmapped when no copy holds it any more.
+            m = np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), dtype=np.uint8)
+            self._map, self._map_pid = m, os.getpid()
+        return m
+
     def _past_end(self, stop: int) -> None:
         if stop > self.shape[0]:
             raise CorruptRecordError(f"{self.where}: read of rows up to {stop} past the end ({self.shape[0]} rows)")
@@ -96,11 +135,13 @@ class DirectReader(PerProcessFile, ReaderBase):
         return out
 
     def read_scatter(self, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
-        """Rows ``[starts[j], +counts[j])`` into ``out[dest[j]]`` with ``os.preadv``: one copy, no HDF5.
+        """Rows ``[starts[j], +counts[j])`` into ``out[dest[j]]``: one copy, no HDF5.
 
         Byte offsets come from the extent table (:func:`~h5store.layout.byte_offsets`,
-        vectorised); reads go in file order, and ranges that follow each other on disk share
-        one ``preadv`` call (one iovec per batch slot).
+        vectorised). Ranges of at most :data:`MAP_MAX_BYTES` (64 MiB) are copied from a
+        read-only mapping of the file, checked against the file's size first; larger ones are
+        read with ``os.preadv`` in file order, ranges that follow each other on disk sharing
+        one call (one iovec per batch slot).
         """
         self._scatter(out, dest, starts, counts, per_row=False)
 
@@ -116,6 +157,13 @@ class DirectReader(PerProcessFile, ReaderBase):
         byte, inside = byte_offsets(self.starts, self.offsets, self.piece_rows, rb, starts, counts)
         nbytes = counts * rb
         at_out = dest * slot
+        if inside.all() and int(nbytes.max()) <= MAP_MAX_BYTES and out.flags.c_contiguous:
+            # A numpy copy per range from the mapping: no system call per range.
+            m = self._mapping(self._file(), int((byte + nbytes).max()))
+            flat = out.reshape(-1).view(np.uint8)
+            for d, o, n in zip(at_out.tolist(), byte.tolist(), nbytes.tolist()):
+                flat[d : d + n] = m[o : o + n]
+            return
         if len(byte) > 1:
             order = np.argsort(byte, kind="stable")
             byte, inside, nbytes, at_out = byte[order], inside[order], nbytes[order], at_out[order]

@@ -27,6 +27,7 @@ import torch
 import torch.multiprocessing  # registers torch's shared-memory pickling
 
 import h5store as h5s
+from h5store import direct_reader
 from h5store.errors import CorruptRecordError
 from h5store.readers import DirectReader, Reader
 from h5store.serving import FileDataset
@@ -152,7 +153,15 @@ class TestDirectExtents(ReaderTests):
 
 
 # --------------------------------------------------------------------------- serving == h5py
-def test_in_process_items_and_windows_equal_h5py(chunky: Path) -> None:
+@pytest.fixture(params=["mapped", "preadv"])
+def path_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both direct read paths: small ranges from the file's mapping, or every range by preadv."""
+    if request.param == "preadv":
+        monkeypatch.setattr(direct_reader, "MAP_MAX_BYTES", -1)
+    return str(request.param)
+
+
+def test_in_process_items_and_windows_equal_h5py(chunky: Path, path_kind: str) -> None:
     f = Chunky(chunky)
     for window in (None, 20, 64):
         x = h5s.Item("mel") if window is None else h5s.Window("mel", window)
@@ -188,7 +197,7 @@ def test_workers_serve_what_h5py_reads(chunky: Path, context: str) -> None:
     f.close()
 
 
-def test_served_while_a_writer_appends(tmp_path: Path) -> None:
+def test_served_while_a_writer_appends(tmp_path: Path, path_kind: str) -> None:
     path = tmp_path / "live.h5"
     make_chunky(path, 30)
     reader = Chunky(path)
@@ -209,7 +218,7 @@ def test_served_while_a_writer_appends(tmp_path: Path) -> None:
     reader.close()
 
 
-def test_a_truncated_file_raises_naming_it(tmp_path: Path) -> None:
+def test_a_truncated_file_raises_naming_it(tmp_path: Path, path_kind: str) -> None:
     path = tmp_path / "cut.h5"
     make_chunky(path, 40)
     f = Chunky(path)
@@ -224,6 +233,28 @@ def test_a_truncated_file_raises_naming_it(tmp_path: Path) -> None:
         ds.fetch(np.arange(40))
     assert "truncated" in str(e.value)
     f.close()
+
+
+def test_the_mapping_follows_a_growing_file_and_refuses_a_short_one(tmp_path: Path) -> None:
+    """Rows past the mapped (and past the file's) end: an error, then read once the file grew."""
+    path = tmp_path / "raw.bin"
+    data = np.arange(200 * 4, dtype=np.float32).reshape(200, 4)
+    data[:100].tofile(path)  # half of the rows the reader knows of are written yet
+    reader = DirectReader(str(path), data.shape, data.dtype, np.zeros(1, np.int64), np.zeros(1, np.int64), 200)
+    out = np.zeros((3, 10, 4), np.float32)
+    reader.read_scatter(out, np.array([0, 2]), np.array([5, 90]), np.array([10, 10]))
+    np.testing.assert_array_equal(out[0], data[5:15])
+    np.testing.assert_array_equal(out[2], data[90:100])
+    with pytest.raises(CorruptRecordError, match=f"{path}.*truncated"):
+        reader.read_scatter(out, np.array([1]), np.array([150]), np.array([10]))
+    with open(path, "ab") as fh:
+        fh.write(data[100:].tobytes())  # the writer appends
+    reader.read_scatter(out, np.array([1]), np.array([150]), np.array([10]))  # mapped again, larger
+    np.testing.assert_array_equal(out[1], data[150:160])
+    mapping = reader._map
+    assert mapping is not None and len(mapping) == data.nbytes
+    reader.close()
+    assert reader._map is None
 
 
 # --------------------------------------------------------------------------- the pieces
