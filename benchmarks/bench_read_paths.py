@@ -131,9 +131,11 @@ def render(res: dict[str, dict[str, C.Timing]], memcpy: float, load: tuple[float
             base = t.get(f"R, {w} workers") if "workers" in name else t.get("R")
             rows.append([label, name, C.fmt_rate(tim.rate), C.fmt_ratio(ratio(tim, base)),
                          f"{tim.mb_per_s / 1e3:.2f}", f"{tim.mb_per_s / 1e3 / memcpy:.2f}",
-                         f"{tim.cores:.2f}"])
+                         f"{tim.cores:.2f}", f"{tim.cpu_us_per_item:.1f}", f"{tim.faults_per_batch:.0f}"])
     lines += [C.md_table(["workload", "loader", "items/s", "vs R (same workers)", "payload GB/s",
-                          "of memcpy", "main-process cores"], rows), ""]
+                          "of memcpy", "main-process cores", "main-process CPU us/item", "faults/batch"], rows), "",
+              "Main-process cores below 1 in-process runs mean the run got less than a core (other jobs): "
+              "CPU us per item is then the steadier measure of in-process cost (lower is better).", ""]
     targets = []
 
     def add(what: str, value: float, goal: float) -> None:
