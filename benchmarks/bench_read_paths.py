@@ -135,7 +135,11 @@ def render(res: dict[str, dict[str, C.Timing]], memcpy: float, load: tuple[float
     lines += [C.md_table(["workload", "loader", "items/s", "vs R (same workers)", "payload GB/s",
                           "of memcpy", "main-process cores", "main-process CPU us/item", "faults/batch"], rows), "",
               "Main-process cores below 1 in-process runs mean the run got less than a core (other jobs): "
-              "CPU us per item is then the steadier measure of in-process cost (lower is better).", ""]
+              "CPU us per item is then the steadier measure of in-process cost (lower is better). R's in-process "
+              "cost depends on the allocator: when glibc hands its 3 MB collate buffer back to the kernel after each "
+              "batch, every batch faults it in again (faults/batch ~150-230, measured at 53-59 us per whole item in "
+              "other processes on this machine); when glibc keeps it (0 faults/batch, as usually in this script's "
+              "process), R is at its strongest. H's batch buffers are pooled, so it pays no faults either way.", ""]
     targets = []
 
     def add(what: str, value: float, goal: float) -> None:
