@@ -1,28 +1,43 @@
-"""Unfiltered rows read with ``os.preadv`` at byte offsets HDF5 reported once: :class:`DirectReader`."""
+"""Unfiltered rows read at byte offsets HDF5 reported once (a mapping of the file, or ``os.preadv``): :class:`DirectReader`."""
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import h5py
 import numpy as np
 
 from h5store.errors import CorruptRecordError
-from h5store.layout import ReadPlan, byte_offsets, piece_spans
-from h5store.pio import read_into, readv_exact
+from h5store.layout import ReadPlan, byte_offsets, merge_extents, piece_spans
+from h5store.pio import readv_exact
 from h5store.reader_protocol import PerProcessFile, ReaderBase
 
 __all__ = ["DirectReader"]
 
+# Ranges up to this size are copied from a read-only mapping of the file with numpy, larger
+# ones (whole-dataset copies) read with os.preadv. Measured here in interleaved rounds
+# against the memmap reference R: 64-frame windows (20 KB) 1.43x R mapped against 0.90x
+# with preadv, whole items (32-190 KB) 1.13x against 0.80-0.85x R in process CPU per item:
+# a numpy slice copy costs less per call than preadv and its Python bookkeeping, and copies
+# at least as fast. numpy releases the GIL for such copies, so threads still read in parallel.
+MAP_MAX_BYTES = 64 << 20
+
 
 class DirectReader(PerProcessFile, ReaderBase):
-    """Reads unfiltered rows with ``os.preadv`` at byte offsets HDF5 reported once.
+    """Reads unfiltered rows at byte offsets HDF5 reported once: numpy copies from a read-only
+    mapping of the file (ranges up to :data:`MAP_MAX_BYTES`), else ``os.preadv``.
 
-    ``pieces`` maps row ranges to file offsets: ``starts`` (the first row of each piece,
-    increasing) and ``offsets`` (its byte offset); a piece holds ``piece_rows`` rows
-    (contiguous data is a single piece). The offsets stay right while a writer appends:
-    an unfiltered chunk never moves, and committed rows are never rewritten with other
-    bytes, so these reads need neither HDF5 nor the commit lock (``stable``).
+    ``pieces`` map row ranges to file offsets: ``starts`` (the first row of each piece,
+    increasing), ``offsets`` (its byte offset) and ``piece_rows`` (its rows, one count per
+    piece). A piece is an extent: a run of chunks laid end to end on disk
+    (:func:`~h5store.layout.merge_extents`), so a range of rows crossing chunk boundaries is
+    one read; contiguous data is a single piece. The mapping is per process, checked
+    against the file's size before every batch (a truncated file raises
+    :class:`~h5store.errors.CorruptRecordError` naming it, instead of SIGBUS) and made
+    again, larger, when a read needs bytes a writer appended. The offsets stay right while a writer
+    appends: an unfiltered chunk never moves, and committed rows are never rewritten with
+    other bytes, so these reads need neither HDF5 nor the commit lock (``stable``).
     """
 
     stable = True
@@ -30,17 +45,19 @@ class DirectReader(PerProcessFile, ReaderBase):
     survives_fork = False  # its descriptor is per process: reopened in a forked child
 
     def __init__(self, path: str, shape: tuple[int, ...], dtype: np.dtype, starts: np.ndarray,
-                 offsets: np.ndarray, piece_rows: int, where: str | None = None) -> None:
+                 offsets: np.ndarray, piece_rows: int | np.ndarray, where: str | None = None) -> None:
         self.path = path
         self.where = where or path
         self.shape = shape
         self.dtype = dtype
         self.row_nbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-        self.starts = starts
-        self.offsets = offsets
-        self.piece_rows = piece_rows
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.piece_rows = np.broadcast_to(np.asarray(piece_rows, dtype=np.int64), self.starts.shape).copy()
         self._fd: int | None = None
         self._pid = -1
+        self._map: np.ndarray | None = None  # uint8 over a read-only mapping of the whole file
+        self._map_pid = -1
 
     @classmethod
     def for_dataset(cls, ds: h5py.Dataset, path: str, where: str | None = None) -> DirectReader | None:
@@ -72,67 +89,118 @@ class DirectReader(PerProcessFile, ReaderBase):
         if np.any(starts != expected):
             return None  # unallocated chunks (fill values) are left to HDF5
         row_nbytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
-        if starts.size > 1 and np.all(np.diff(offsets) == rows * row_nbytes):
-            # Chunks laid end to end (as a single writer allocates them): one piece.
-            return cls(path, ds.shape, ds.dtype, starts[:1], offsets[:1], max(n, 1), where)
-        return cls(path, ds.shape, ds.dtype, starts, offsets, rows, where)
+        # Chunks laid end to end (as a single writer allocates them) join into extents.
+        starts, offsets, extent_rows = merge_extents(starts, offsets, rows, row_nbytes)
+        return cls(path, ds.shape, ds.dtype, starts, offsets, extent_rows, where)
 
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_map"], state["_map_pid"] = None, -1
+        return state
+
+    def close(self) -> None:
+        self._map = None  # unmapped once no copy in flight (another thread's) holds it
+        super().close()
+
+    def _mapping(self, fd: int, need: int) -> np.ndarray:
+        """This process's mapping of the file, covering byte ``need``; checked against the
+        file's size first (a read past the end of a mapping would be SIGBUS, not an error)."""
+        size = os.fstat(fd).st_size
+        if size < need:
+            raise CorruptRecordError(f"{self.where}: the file ends at byte {size}, before byte {need} of the data: "
+                                     "the file is truncated")
+        m = self._map
+        if m is None or self._map_pid != os.getpid() or len(m) < need:
+            # Maps the whole file as it is now; a writer's later appends are mapped when a
+            # read needs them. The old mapping is unmapped when no copy holds it any more.
+            m = np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), dtype=np.uint8)
+            self._map, self._map_pid = m, os.getpid()
+        return m
+
+    def _past_end(self, stop: int) -> None:
+        if stop > self.shape[0]:
+            raise CorruptRecordError(f"{self.where}: read of rows up to {stop} past the end ({self.shape[0]} rows)")
 
     def read_runs(self, plan: ReadPlan) -> np.ndarray:
         out = np.empty((plan.total, *self.shape[1:]), dtype=self.dtype)
-        fd = self._file()
-        rb = self.row_nbytes
-        o = 0
-        for a, b in plan.runs.tolist():
-            if b > self.shape[0]:
-                raise CorruptRecordError(f"{self.where}: read of rows [{a}, {b}) past the end ({self.shape[0]})")
-            for p, first, end in piece_spans(a, b, self.piece_rows, self.starts):
-                want = (end - first) * rb
-                got = read_into(fd, out[o : o + end - first], int(self.offsets[p]) + (first - int(self.starts[p])) * rb)
-                if got != want:
-                    raise CorruptRecordError(
-                        f"{self.where}: short read ({got} of {want} bytes): the file is truncated"
-                    )
-                o += end - first
+        if not plan.total:
+            return out
+        runs = plan.runs
+        starts = runs[:, 0]
+        counts = runs[:, 1] - starts
+        dest = np.zeros(len(runs), dtype=np.int64)
+        np.cumsum(counts[:-1], out=dest[1:])
+        # Runs land one after the other in ``out``: rows, not batch slots.
+        self._scatter(out.reshape(plan.total, -1) if out.ndim > 1 else out, dest, starts, counts, per_row=True)
         return out
 
     def read_scatter(self, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> None:
-        """Rows ``[starts[j], +counts[j])`` into ``out[dest[j]]`` with ``os.preadv``: one copy, no HDF5.
+        """Rows ``[starts[j], +counts[j])`` into ``out[dest[j]]``: one copy, no HDF5.
 
-        Byte offsets come from the piece table (:func:`~h5store.layout.byte_offsets`,
-        vectorised); reads go in file order, and ranges that follow each other on disk share
-        one ``preadv`` call (one iovec per batch slot).
+        Byte offsets come from the extent table (:func:`~h5store.layout.byte_offsets`,
+        vectorised). Ranges of at most :data:`MAP_MAX_BYTES` (64 MiB) are copied from a
+        read-only mapping of the file, checked against the file's size first; larger ones are
+        read with ``os.preadv`` in file order, ranges that follow each other on disk sharing
+        one call (one iovec per batch slot).
         """
+        self._scatter(out, dest, starts, counts, per_row=False)
+
+    def _scatter(self, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                 per_row: bool) -> None:
         rb = self.row_nbytes
         if not rb or not len(dest):
             return
-        if int((starts + counts).max()) > self.shape[0]:
-            raise CorruptRecordError(f"{self.where}: read past the end of the data ({self.shape[0]} rows)")
+        self._past_end(int((starts + counts).max()))
         view = memoryview(out).cast("B")
-        slot = (out.strides[0] if out.ndim > 1 else rb)
+        # A batch slot (``out[dest[j]]``), or with ``per_row`` one row: where ``dest`` counts.
+        slot = rb if per_row or out.ndim == 1 else out.strides[0]
         byte, inside = byte_offsets(self.starts, self.offsets, self.piece_rows, rb, starts, counts)
         nbytes = counts * rb
-        order = np.argsort(byte, kind="stable")
+        at_out = dest * slot
+        if inside.all() and int(nbytes.max()) <= MAP_MAX_BYTES and out.flags.c_contiguous:
+            # A numpy copy per range from the mapping: no system call per range.
+            m = self._mapping(self._file(), int((byte + nbytes).max()))
+            flat = out.reshape(-1).view(np.uint8)
+            for d, o, n in zip(at_out.tolist(), byte.tolist(), nbytes.tolist()):
+                flat[d : d + n] = m[o : o + n]
+            return
+        if len(byte) > 1:
+            order = np.argsort(byte, kind="stable")
+            byte, inside, nbytes, at_out = byte[order], inside[order], nbytes[order], at_out[order]
+            starts, counts = starts[order], counts[order]
         fd = self._file()
         preadv = os.preadv
         iov: list[memoryview] = []
         at = end = -1
-        for j, o, n, ok, s, c in zip(dest[order].tolist(), byte[order].tolist(), nbytes[order].tolist(),
-                                     inside[order].tolist(), starts[order].tolist(), counts[order].tolist()):
+        if inside.all():  # the common case: every range inside one extent
+            for d, o, n in zip(at_out.tolist(), byte.tolist(), nbytes.tolist()):
+                if not n:
+                    continue
+                if o != end:
+                    if iov and preadv(fd, iov, at) != end - at:
+                        self._readv(fd, iov, at)  # a short read: finished buffer by buffer
+                    iov, at = [], o
+                iov.append(view[d : d + n])
+                end = o + n
+            if iov and preadv(fd, iov, at) != end - at:
+                self._readv(fd, iov, at)
+            return
+        for d, o, n, ok, s, c in zip(at_out.tolist(), byte.tolist(), nbytes.tolist(), inside.tolist(),
+                                     starts.tolist(), counts.tolist()):
             if not n:
                 continue
-            if not ok:  # the range crosses pieces: read it piece by piece
-                dst, d = view[j * slot : j * slot + n], 0
+            if not ok:  # the range crosses extents (chunks not end to end): read it extent by extent
+                dst, k0 = view[d : d + n], 0
                 for p, first, stop in piece_spans(s, s + c, self.piece_rows, self.starts):
                     k = (stop - first) * rb
-                    self._readv(fd, [dst[d : d + k]], int(self.offsets[p]) + (first - int(self.starts[p])) * rb)
-                    d += k
+                    self._readv(fd, [dst[k0 : k0 + k]], int(self.offsets[p]) + (first - int(self.starts[p])) * rb)
+                    k0 += k
                 continue
             if o != end:
                 if iov and preadv(fd, iov, at) != end - at:
-                    self._readv(fd, iov, at)  # a short read: finished buffer by buffer
+                    self._readv(fd, iov, at)
                 iov, at = [], o
-            iov.append(view[j * slot : j * slot + n])
+            iov.append(view[d : d + n])
             end = o + n
         if iov and preadv(fd, iov, at) != end - at:
             self._readv(fd, iov, at)

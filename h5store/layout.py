@@ -20,6 +20,7 @@ __all__ = [
     "gather",
     "grow_capacity",
     "locate_windows",
+    "merge_extents",
     "piece_spans",
     "plan_reads",
 ]
@@ -101,13 +102,15 @@ def gather(plan: ReadPlan, buffer: np.ndarray) -> list[np.ndarray]:
     return [buffer[o : o + n] for o, n in zip(plan.offsets.tolist(), plan.lengths.tolist())]
 
 
-def piece_spans(a: int, b: int, piece_rows: int, piece_starts: np.ndarray | None = None) -> list[tuple[int, int, int]]:
+def piece_spans(a: int, b: int, piece_rows: int | np.ndarray,
+                piece_starts: np.ndarray | None = None) -> list[tuple[int, int, int]]:
     """``(piece, first, stop)`` for each piece that rows ``[a, b)`` cross, in order.
 
-    Data stored as pieces (HDF5 chunks, or one piece for contiguous data): piece ``p``
-    holds ``piece_rows`` rows from ``piece_starts[p]`` (increasing), or from
-    ``p * piece_rows`` when ``piece_starts`` is None (a regular grid). The spans join
-    into ``[a, b)``; each lies inside its piece.
+    Data stored as pieces (HDF5 chunks, runs of chunks laid end to end, or one piece for
+    contiguous data): piece ``p`` holds ``piece_rows`` rows (an int, or one count per
+    piece) from ``piece_starts[p]`` (increasing), or from ``p * piece_rows`` when
+    ``piece_starts`` is None (a regular grid). The spans join into ``[a, b)``; each lies
+    inside its piece.
 
     Examples
     --------
@@ -124,13 +127,13 @@ def piece_spans(a: int, b: int, piece_rows: int, piece_starts: np.ndarray | None
         else:
             p = int(piece_starts.searchsorted(a, side="right")) - 1
             base = int(piece_starts[p])
-        end = min(b, base + piece_rows)
+        end = min(b, base + (piece_rows if isinstance(piece_rows, int) else int(piece_rows[p])))
         out.append((p, a, end))
         a = end
     return out
 
 
-def byte_offsets(piece_starts: np.ndarray, piece_offsets: np.ndarray, piece_rows: int, row_nbytes: int,
+def byte_offsets(piece_starts: np.ndarray, piece_offsets: np.ndarray, piece_rows: int | np.ndarray, row_nbytes: int,
                  starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """File byte offset of row ``starts[j]``, and whether rows ``[starts[j], +counts[j])`` stay in its piece.
 
@@ -146,8 +149,37 @@ def byte_offsets(piece_starts: np.ndarray, piece_offsets: np.ndarray, piece_rows
     """
     piece = np.searchsorted(piece_starts, starts, side="right") - 1
     base = piece_starts[piece]
-    inside = starts + counts <= base + piece_rows
+    rows = piece_rows if isinstance(piece_rows, int) else piece_rows[piece]
+    inside = starts + counts <= base + rows
     return piece_offsets[piece] + (starts - base) * row_nbytes, inside
+
+
+def merge_extents(piece_starts: np.ndarray, piece_offsets: np.ndarray, piece_rows: int,
+                  row_nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Join pieces laid end to end on disk into extents: ``(starts, offsets, rows)`` per extent.
+
+    Piece ``p + 1`` continues piece ``p``'s extent when its first row follows the piece's
+    last and its bytes follow the piece's bytes in the file (HDF5 allocates a single
+    writer's chunks this way, with a rare chunk of another dataset in between). A range of
+    rows inside one extent is then one read, whatever the chunks it crosses.
+
+    Examples
+    --------
+    >>> s, o, r = merge_extents(np.array([0, 4, 8, 12]), np.array([100, 132, 500, 532]), 4, 8)
+    >>> s.tolist(), o.tolist(), r.tolist()
+    ([0, 8], [100, 500], [8, 8])
+    """
+    piece_starts = np.asarray(piece_starts, dtype=_I64)
+    piece_offsets = np.asarray(piece_offsets, dtype=_I64)
+    if piece_starts.size == 0:
+        return piece_starts, piece_offsets, np.zeros(0, _I64)
+    follows = np.empty(piece_starts.size, dtype=bool)
+    follows[0] = False
+    follows[1:] = ((np.diff(piece_starts) == piece_rows)
+                   & (np.diff(piece_offsets) == piece_rows * row_nbytes))
+    heads = np.flatnonzero(~follows)
+    counts = np.diff(np.append(heads, piece_starts.size))
+    return piece_starts[heads], piece_offsets[heads], (counts * piece_rows).astype(_I64)
 
 
 def count_windows(lengths: np.ndarray, length: int, hop: int, partial: bool = False) -> np.ndarray:

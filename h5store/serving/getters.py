@@ -141,12 +141,25 @@ def _name(ref: str) -> str:
 _GOLDEN = _U64(0x9E3779B97F4A7C15)
 _M1 = _U64(0xBF58476D1CE4E5B9)
 _M2 = _U64(0x94D049BB133111EB)
+_MASK = (1 << 64) - 1
+_S30, _S27, _S31 = _U64(30), _U64(27), _U64(31)
+_GOLDEN_INT, _M1_INT, _M2_INT = int(_GOLDEN), int(_M1), int(_M2)
+
+
+def _mix_int(h: int, x: int) -> int:
+    """One splitmix64 round on Python ints (scalars: no numpy call per operation)."""
+    z = ((h ^ (x & _MASK)) + _GOLDEN_INT) & _MASK
+    z = ((z ^ (z >> 30)) * _M1_INT) & _MASK
+    z = ((z ^ (z >> 27)) * _M2_INT) & _MASK
+    return z ^ (z >> 31)
 
 
 def mix64(*parts: np.ndarray | int) -> np.ndarray:
     """splitmix64 over the parts, element-wise: a well-mixed uint64 per element.
 
     Used for reproducible per-example randomness without a Generator per example.
+    Scalar parts are mixed as Python ints, array parts with numpy (in place): the same
+    values either way.
 
     Examples
     --------
@@ -154,14 +167,25 @@ def mix64(*parts: np.ndarray | int) -> np.ndarray:
     >>> a.dtype, (a == mix64(0, 1, np.arange(3))).all(), len(set(a.tolist()))
     (dtype('uint64'), np.True_, 3)
     """
-    h = np.zeros(1, dtype=_U64)
+    h: int | np.ndarray = 0
     for p in parts:
-        x = np.asarray(p).astype(_U64, copy=False) if np.ndim(p) else np.array([int(p) & (2**64 - 1)], dtype=_U64)
-        z = (h ^ x) + _GOLDEN
-        z = (z ^ (z >> _U64(30))) * _M1
-        z = (z ^ (z >> _U64(27))) * _M2
-        h = z ^ (z >> _U64(31))
-    return h
+        if not np.ndim(p):
+            x = int(p)
+            if isinstance(h, int):
+                h = _mix_int(h, x)
+                continue
+            z = h ^ _U64(x & _MASK)
+        else:
+            z = np.asarray(p).astype(_U64)  # a copy: mixed in place below
+            z ^= h if isinstance(h, np.ndarray) else _U64(h)
+        z += _GOLDEN  # (uint64 arrays wrap around silently)
+        z ^= z >> _S30
+        z *= _M1
+        z ^= z >> _S27
+        z *= _M2
+        z ^= z >> _S31
+        h = z
+    return h if isinstance(h, np.ndarray) else np.array([h], dtype=_U64)
 
 
 def _resolve(length: int | str, params: Mapping[str, Any], who: str) -> int:
