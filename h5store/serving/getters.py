@@ -241,8 +241,9 @@ class Item(Getter):
     feature : str
         The feature (``"group/name"`` for one of a group).
     lengths : bool or None
-        Return ``{key}_lengths`` with the values. Default: for stored variable-length
-        items that are not decoded.
+        Return ``{key}_lengths`` with the values. Default: for every variable-length
+        item (decoded ones too: a video's frame count, an image's rows), in torch, tf.data
+        and numpy alike.
 
     Examples
     --------
@@ -261,7 +262,8 @@ class Item(Getter):
         spec = files.spec(name)
         if files.decoded(name):
             values, lengths = _collate_values(_decode_many(files, name, files.read_items(name, items)), files.alloc)
-            if self.lengths and lengths is not None and isinstance(values, np.ndarray):
+            wanted = self.lengths if self.lengths is not None else spec.layout != "fixed"
+            if wanted and lengths is not None and isinstance(values, np.ndarray):
                 return Padded(values, lengths)
             return values
         if spec.layout == "fixed":
