@@ -1,8 +1,10 @@
 """Image features: encoded images and videos as sequences of JPEG frames.
 
 Images stay compressed in the file (a JPEG is ~10x smaller than its pixels) and are
-decoded on read, in the DataLoader workers. pillow is the ``image`` extra
-(``pip install h5store[image]``), imported only when an image is encoded or decoded.
+decoded on read, in the DataLoader workers or reader threads, by :mod:`h5store.jpeg`
+(libjpeg-turbo through simplejpeg, the GIL released; PIL without it). pillow and simplejpeg
+are the ``image`` extra (``pip install h5store[image]``), imported only when an image is
+encoded or decoded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from h5store import jpeg
 from h5store.errors import SchemaError, SourceError
 from h5store.features.audio_file import check_file
 from h5store.schema import Feature
@@ -188,6 +191,8 @@ class EncodedImage(Feature):
         return np.frombuffer(value, dtype=np.uint8)
 
     def decode(self, raw: Any) -> np.ndarray:
+        if jpeg.is_jpeg(raw):
+            return _fast(raw, "stored image")
         return _to_array(_open(_bytes(raw), "stored image", SchemaError))
 
 
@@ -313,13 +318,40 @@ class EncodedFrames(Feature):
         return out
 
     def decode_blob(self, blob: Any) -> np.ndarray:
-        """One stored frame as an ``(H, W, C)`` uint8 array."""
-        return _to_array(_open(_bytes(blob), "stored frame", SchemaError))
+        """One stored frame as an ``(H, W, C)`` uint8 array (:mod:`h5store.jpeg`: GIL released)."""
+        return _fast(blob, "stored frame")
+
+    def frame_shape(self, blob: Any, min_size: tuple[int, int] | None = None) -> tuple[int, int, int]:
+        """``(H, W, C)`` of a stored frame once decoded (from its header when it can)."""
+        shape = jpeg.header(blob, min_size)
+        return shape if shape is not None else tuple(_fast(blob, "stored frame", min_size).shape)  # type: ignore[return-value]
+
+    def decode_into(self, blob: Any, out: np.ndarray, min_size: tuple[int, int] | None = None) -> np.ndarray:
+        """Decode one stored frame into ``out`` (a C-contiguous ``(H, W, C)`` uint8 slot of a batch)."""
+        try:
+            return jpeg.decode(blob, out=out, min_size=min_size)
+        except ValueError as e:
+            raise SchemaError(f"stored frame: not a decodable image ({e})") from None
 
     def decode(self, raw: Any) -> np.ndarray:
         if not len(raw):
             return np.zeros((0, 0, 0, 3), np.uint8)
-        return np.stack([self.decode_blob(b) for b in raw])
+        first = self.decode_blob(raw[0])
+        out = np.empty((len(raw), *first.shape), np.uint8)
+        out[0] = first
+        for k in range(1, len(raw)):
+            self.decode_into(raw[k], out[k])
+        return out
+
+
+def _fast(data: Any, what: str, min_size: tuple[int, int] | None = None) -> np.ndarray:
+    """A stored JPEG (or PNG) decoded by :mod:`h5store.jpeg`; corrupt data raises SchemaError naming ``what``."""
+    if not jpeg.is_jpeg(data):
+        return _to_array(_open(_bytes(data), what, SchemaError))
+    try:
+        return jpeg.decode(data, min_size=min_size)
+    except ValueError as e:
+        raise SchemaError(f"{what}: not a decodable image ({e})") from None
 
 
 def _fmt(shape: tuple[int, int, int]) -> str:
