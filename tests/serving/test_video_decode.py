@@ -17,7 +17,7 @@ import pytest
 import h5store as h5s
 from h5store import jpeg
 from h5store.serving import FileDataset, Request
-from tests.serving.videos import H, W, Clips, make_files, pil_frames
+from tests.serving.videos import Clips, H, W, make_files, pil_frames
 
 pytest.importorskip("PIL")
 
