@@ -98,11 +98,27 @@ def _buffer(data: Any) -> Any:
     return bytes(memoryview(data).cast("B"))
 
 
-def _min_args(min_size: tuple[int, int] | None) -> dict[str, int]:
+def _scale(h: int, w: int, min_size: tuple[int, int] | None) -> int:
+    """The largest of 1, 2, 4, 8 dividing ``(h, w)`` (rounded up) to at least ``min_size``."""
     if min_size is None:
-        return {}
-    h, w = (int(v) for v in min_size)
-    return {"min_height": h, "min_width": w}
+        return 1
+    mh, mw = int(min_size[0]), int(min_size[1])
+    return next(s for s in (8, 4, 2, 1) if s == 1 or (-(-h // s) >= mh and -(-w // s) >= mw))
+
+
+def _full_header(buf: Any) -> tuple[int, int, int] | None:
+    sj = _simplejpeg()
+    if sj is None:
+        return None
+    try:
+        h, w, space, _ = sj.decode_jpeg_header(buf)
+    except ValueError:
+        return None
+    if space == "Gray":
+        return h, w, 1
+    if space in ("YCbCr", "RGB"):
+        return h, w, 3
+    return None  # CMYK / YCCK: PIL's conversion
 
 
 def header(data: Any, min_size: tuple[int, int] | None = None) -> tuple[int, int, int] | None:
@@ -116,18 +132,12 @@ def header(data: Any, min_size: tuple[int, int] | None = None) -> tuple[int, int
     >>> header(b"not a jpeg") is None
     True
     """
-    sj = _simplejpeg()
-    if sj is None:
+    full = _full_header(_buffer(data))
+    if full is None:
         return None
-    try:
-        h, w, space, _ = sj.decode_jpeg_header(_buffer(data), **_min_args(min_size))
-    except ValueError:
-        return None
-    if space == "Gray":
-        return h, w, 1
-    if space in ("YCbCr", "RGB"):
-        return h, w, 3
-    return None  # CMYK / YCCK: PIL's conversion
+    h, w, c = full
+    s = _scale(h, w, min_size)
+    return -(-h // s), -(-w // s), c
 
 
 def decode(data: Any, out: np.ndarray | None = None, min_size: tuple[int, int] | None = None) -> np.ndarray:
@@ -140,8 +150,9 @@ def decode(data: Any, out: np.ndarray | None = None, min_size: tuple[int, int] |
     out : ndarray, optional
         A C-contiguous uint8 array of the decoded shape to decode into (a slot of a batch).
     min_size : (int, int), optional
-        Decode at the smallest of 1/1, 1/2, 1/4, 1/8 of the size whose height and width are at
-        least these (scaled in the IDCT: cheaper than decoding, then resizing).
+        Decode at the smallest of 1/1, 1/2, 1/4, 1/8 of the size (rounded up) whose height and
+        width are at least these: scaled in the IDCT, cheaper than decoding then resizing.
+        simplejpeg and PIL's ``draft`` give the same pixels.
 
     Raises
     ------
@@ -157,15 +168,18 @@ def decode(data: Any, out: np.ndarray | None = None, min_size: tuple[int, int] |
     ((16, 24, 3), (8, 12, 3))
     """
     buf = _buffer(data)
-    shape = header(buf, min_size)
-    if shape is None:
+    full = _full_header(buf)
+    if full is None:
         a = _pil_decode(buf, min_size)
         if out is not None:
             out[...] = a
             return out
         return a
-    space = "GRAY" if shape[2] == 1 else "RGB"
-    args = _min_args(min_size)
+    h, w, c = full
+    s = _scale(h, w, min_size)
+    shape = (-(-h // s), -(-w // s), c)
+    space = "GRAY" if c == 1 else "RGB"
+    args = {"min_height": shape[0], "min_width": shape[1]} if s > 1 else {}
     if out is not None:
         if out.shape != shape or out.dtype != np.uint8 or not out.flags.c_contiguous:
             raise ValueError(f"decode: out is {out.dtype} {out.shape}, the image decodes to uint8 {shape}")
@@ -180,8 +194,10 @@ def _pil_decode(data: Any, min_size: tuple[int, int] | None) -> np.ndarray:
 
     try:
         im = Image.open(io.BytesIO(bytes(memoryview(data).cast("B"))))
-        if min_size is not None:
-            im.draft(im.mode, (int(min_size[1]), int(min_size[0])))
+        if min_size is not None and im.format == "JPEG":
+            s = _scale(im.height, im.width, min_size)
+            if s > 1:
+                im.draft(im.mode, (im.width // s, im.height // s))  # PIL picks 1/s when the sizes divide by s
         im.load()
     except Exception as e:  # noqa: BLE001 - PIL reports corrupt data as OSError, SyntaxError, ValueError...
         raise ValueError(f"not a decodable JPEG ({type(e).__name__}: {e})") from None

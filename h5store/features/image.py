@@ -191,9 +191,46 @@ class EncodedImage(Feature):
         return np.frombuffer(value, dtype=np.uint8)
 
     def decode(self, raw: Any) -> np.ndarray:
-        if jpeg.is_jpeg(raw):
-            return _fast(raw, "stored image")
-        return _to_array(_open(_bytes(raw), "stored image", SchemaError))
+        return _fast(raw, "stored image")
+
+    def image_size(self, raw: Any) -> tuple[int, int]:
+        """``(height, width)`` of a stored image, from its header (nothing decoded)."""
+        shape = jpeg.header(raw)
+        if shape is not None:
+            return shape[0], shape[1]
+        Image = _pil()
+        try:
+            with Image.open(io.BytesIO(_bytes(raw))) as im:
+                return im.height, im.width
+        except Exception as e:  # noqa: BLE001 - as _open
+            raise SchemaError(f"stored image: not a decodable image ({type(e).__name__}: {e})") from None
+
+    def crop_into(self, raw: Any, box: tuple[int, int, int, int], out: np.ndarray, flip: bool = False) -> np.ndarray:
+        """Crop ``box`` = ``(top, left, height, width)`` of a stored image, resized into ``out``.
+
+        ``out`` is an ``(h, w, 3)`` uint8 slot of a batch. The JPEG is decoded at the smallest
+        1/1, 1/2, 1/4, 1/8 scale that keeps the box at least ``(h, w)`` pixels (in the IDCT),
+        then resized (PIL bilinear with antialiasing, over the box scaled alike) and
+        flipped left-right when ``flip``. Grey images are repeated to three channels; alpha
+        is dropped.
+        """
+        top, left, ch, cw = (int(v) for v in box)
+        oh, ow = out.shape[:2]
+        h, w = self.image_size(raw)
+        s = next(s for s in (8, 4, 2, 1) if s == 1 or (ch >= s * oh and cw >= s * ow))
+        a = _fast(raw, "stored image", (-(-h // s), -(-w // s)) if s > 1 else None)
+        if a.shape[2] in (1, 2):  # grey (with alpha)
+            a = np.repeat(a[..., :1], 3, axis=2)
+        elif a.shape[2] != 3:
+            a = np.ascontiguousarray(a[..., :3])
+        fy, fx = a.shape[0] / h, a.shape[1] / w
+        Image = _pil()
+        im = Image.fromarray(a).resize((ow, oh), Image.BILINEAR,
+                                       box=(left * fx, top * fy, (left + cw) * fx, (top + ch) * fy))
+        if flip:
+            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+        out[...] = np.asarray(im)
+        return out
 
 
 def _natural_key(name: str) -> list[Any]:

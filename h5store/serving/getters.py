@@ -35,8 +35,8 @@ from h5store.layout import count_windows
 if TYPE_CHECKING:
     from h5store.serving.files import FileSet
 
-__all__ = ["Clips", "Encoded", "Frames", "Getter", "Id", "Item", "Label", "Padded", "Position", "Request", "Window",
-           "mix64"]
+__all__ = ["Clips", "Encoded", "Frames", "Getter", "Id", "ImageCrop", "Item", "Label", "Padded", "Position", "Request",
+           "Window", "crop_boxes", "mix64"]
 
 _I64 = np.int64
 _U64 = np.uint64
@@ -748,3 +748,131 @@ class Encoded(Getter):
 
     def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
         return np.dtype(object), ()
+
+
+# --------------------------------------------------------------------------- images: random resized crops
+def _uniform(seed: int, epoch: int, indices: np.ndarray, stream: int) -> np.ndarray:
+    """A uniform in [0, 1) per example, from ``(seed, epoch, index, stream)`` (splitmix64)."""
+    return (mix64(seed, epoch, indices, stream) >> _U64(11)).astype(np.float64) / float(1 << 53)
+
+
+def crop_boxes(heights: np.ndarray, widths: np.ndarray, scale: tuple[float, float], ratio: tuple[float, float],
+               seed: int, epoch: int, indices: np.ndarray, attempts: int = 10) -> np.ndarray:
+    """torchvision's ``RandomResizedCrop`` boxes ``(top, left, height, width)``, one per example.
+
+    Up to ``attempts`` draws of an area fraction in ``scale`` and a log-uniform aspect ratio in
+    ``ratio``; the first that fits the image wins, else the centre crop of the ratio clamped
+    to ``ratio``. Reproducible from ``(seed, epoch, example index)``, computed for the batch.
+
+    Examples
+    --------
+    >>> b = crop_boxes(np.array([100]), np.array([200]), (0.08, 1.0), (3 / 4, 4 / 3), 0, 0, np.array([5]))
+    >>> bool((b[:, 2] <= 100).all() and (b[:, 3] <= 200).all())
+    True
+    """
+    h = heights.astype(np.float64)
+    w = widths.astype(np.float64)
+    n = len(h)
+    out = np.zeros((n, 4), _I64)
+    done = np.zeros(n, bool)
+    lo, hi = np.log(ratio[0]), np.log(ratio[1])
+    for a in range(attempts):
+        area = h * w * (scale[0] + (scale[1] - scale[0]) * _uniform(seed, epoch, indices, 4 * a))
+        r = np.exp(lo + (hi - lo) * _uniform(seed, epoch, indices, 4 * a + 1))
+        cw = np.round(np.sqrt(area * r))
+        ch = np.round(np.sqrt(area / r))
+        ok = ~done & (cw > 0) & (ch > 0) & (cw <= w) & (ch <= h)
+        top = np.floor(_uniform(seed, epoch, indices, 4 * a + 2) * (h - ch + 1))
+        left = np.floor(_uniform(seed, epoch, indices, 4 * a + 3) * (w - cw + 1))
+        out[ok] = np.stack([top, left, ch, cw], 1)[ok].astype(_I64)
+        done |= ok
+    if not done.all():  # the centre crop, its ratio clamped
+        rest = ~done
+        in_ratio = w[rest] / h[rest]
+        cw = np.where(in_ratio < ratio[0], w[rest], np.where(in_ratio > ratio[1], np.round(h[rest] * ratio[1]), w[rest]))
+        ch = np.where(in_ratio < ratio[0], np.round(w[rest] / ratio[0]), h[rest])
+        out[rest] = np.stack([(h[rest] - ch) // 2, (w[rest] - cw) // 2, ch, cw], 1).astype(_I64)
+    return out
+
+
+class ImageCrop(Getter):
+    """Random resized crops of encoded images, flipped at random: ``(B, height, width, 3)`` uint8.
+
+    torchvision's ``RandomResizedCrop(size, scale, ratio)`` + ``RandomHorizontalFlip`` done at
+    decode time: the crop box is drawn from the image's header (no decode), the JPEG is
+    decoded at the smallest 1/1, 1/2, 1/4, 1/8 scale that still gives the crop at least
+    ``size`` pixels (scaled inside the IDCT: simplejpeg, GIL released), then the box is
+    resized (PIL bilinear, antialiased, GIL released) straight into the batch buffer.
+    Reproducible from ``(seed, epoch, example index)``; ``random=False`` takes the centre
+    crop of ``scale[1]`` (validation).
+
+    Parameters
+    ----------
+    feature : str
+        An :class:`~h5store.EncodedImage` feature.
+    size : int or (int, int)
+        Output ``(height, width)``.
+    scale, ratio : (float, float)
+        Area fraction and aspect-ratio range of the crop (torchvision's defaults).
+    flip : bool
+        Flip half of the crops left-right.
+    random : bool
+        Random crops (training) or the centre crop (validation).
+
+    Examples
+    --------
+    >>> batch = dict(x=h5s.ImageCrop("image", 224), y=h5s.Label("label"))  # doctest: +SKIP
+    >>> loader = f.serve(batch, batch_size=64, shuffle=True, num_workers=8)  # doctest: +SKIP
+    """
+
+    def __init__(self, feature: str, size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, random: bool = True) -> None:
+        hw = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+        if len(hw) != 2 or any(isinstance(v, bool) or int(v) <= 0 for v in hw):
+            raise ValueError(f"ImageCrop({feature!r}): size must be an int or (height, width) > 0, got {size!r}")
+        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"ImageCrop({feature!r}): need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= "
+                             f"ratio[1], got scale={scale!r}, ratio={ratio!r}")
+        self.feature = feature
+        self.size = (int(hw[0]), int(hw[1]))
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.flip = bool(flip)
+        self.random = bool(random)
+        self.features = (feature,)
+
+    def check(self, files: FileSet) -> None:
+        super().check(files)
+        if not callable(getattr(files.feature(_name(self.feature)), "crop_into", None)):
+            raise SchemaError(f"{self!r}: {files.where(_name(self.feature))} is not an encoded image feature "
+                              "(EncodedImage)")
+
+    def boxes(self, shapes: np.ndarray, request: Request) -> np.ndarray:
+        """``(top, left, height, width)`` of each example's crop, for images of ``shapes`` (H, W)."""
+        h, w = shapes[:, 0], shapes[:, 1]
+        if self.random:
+            return crop_boxes(h, w, self.scale, self.ratio, request.seed, request.epoch, request.indices)
+        side = np.sqrt(h * w * self.scale[1]).astype(np.float64)
+        r = self.size[1] / self.size[0]
+        ch = np.minimum(np.round(side / np.sqrt(r)), h)
+        cw = np.minimum(np.round(side * np.sqrt(r)), w)
+        return np.stack([(h - ch) // 2, (w - cw) // 2, ch, cw], 1).astype(_I64)
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        name = _name(self.feature)
+        feat = files.feature(name)
+        raws = files.read_items(name, request.items)
+        shapes = np.array([feat.image_size(r) for r in raws], _I64).reshape(-1, 2)
+        boxes = self.boxes(shapes, request)
+        flips = (mix64(request.seed, request.epoch, request.indices, 99) & _U64(1)).astype(bool) if self.flip \
+            else np.zeros(len(raws), bool)
+        out = files.alloc((len(raws), *self.size, 3), np.uint8)
+        for j, raw in enumerate(raws):
+            try:
+                feat.crop_into(raw, tuple(boxes[j].tolist()), out[j], bool(flips[j]))
+            except SchemaError as e:
+                raise SchemaError(f"{files.where(name)}: item at {int(request.items[j])}: {e}") from None
+        return out
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        return np.dtype(np.uint8), (*self.size, 3)

@@ -187,7 +187,7 @@ def test_clip_counts_and_segments(path: Path) -> None:
     f.close()
 
 
-def test_min_size_decodes_smaller_in_the_idct(path: Path) -> None:
+def test_min_size_decodes_smaller_in_the_idct(path: Path, decoder: str) -> None:
     f = Clips(path)
     b = next(iter(f.iter_batches(dict(x=h5s.Clips("video", K, min_size=(H // 2, W // 2))), batch_size=2)))
     assert b["x"].shape == (2, K, H // 2, W // 2, 3)
