@@ -26,6 +26,13 @@ decode, default collate), 0 and 2 workers.
 Decoders: one 128x96 frame decoded by PIL, simplejpeg and OpenCV (per frame, and two threads
 against one: does the decoder release the GIL?).
 
+Images (point 6): an ImageFolder corpus (JPEG files, one folder per class, 200-500 x 150-375
+pixels) served as random resized crops (torchvision's rule, scale 0.08-1, ratio 3/4-4/3) to
+112x112 + random flip, batch 32, shuffled, 0 and 2 workers: ``h5s.ImageCrop`` over
+``EncodedImage`` + ``DirLabel`` against (P) a hand-written PIL ``Dataset`` over the files
+(``Image.open().convert("RGB")``, ``resize(box=crop)``, flip: what torchvision's transforms do)
+and (W) WebDataset tar shards (4 shards, ``decode("pil")``, the same transform, ``batched``).
+
 Run from the repository root::
 
     .venv/bin/python benchmarks/bench_video.py                     # full run, writes RESULTS.md
@@ -286,15 +293,192 @@ def decoder_table(cfg: Config, paths: list[str]) -> str:
     return C.md_table(["decoder", "µs per 128x96 frame", "vs PIL", "2 threads vs 1", "max abs diff to PIL"], rows)
 
 
+# --------------------------------------------------------------------------- images
+@dataclass
+class ImageConfig:
+    n_images: int = 800
+    classes: int = 8
+    size: int = 112
+    batch: int = 32
+    shards: int = 4
+
+
+IMAGE_QUICK = ImageConfig(n_images=64, classes=4, batch=8, shards=2)
+
+
+class Photos(h5s.TypedFile):
+    image = h5s.EncodedImage()
+    label = h5s.DirLabel()
+
+
+def make_images(icfg: ImageConfig, cache: Path) -> tuple[list[str], str, list[str]]:
+    """JPEG files in class folders, the h5store file made from them, and WebDataset shards."""
+    from PIL import Image
+
+    folder = cache / f"img{icfg.n_images}x{icfg.classes}"
+    root = folder / "train"
+    path = folder / "photos.h5"
+    shards = [str(folder / f"shard{k}.tar") for k in range(icfg.shards)]
+    if not path.exists():
+        rng = np.random.default_rng(1)
+        for i in range(icfg.n_images):
+            d = root / f"class{i % icfg.classes}"
+            d.mkdir(parents=True, exist_ok=True)
+            h, w = int(rng.integers(150, 376)), int(rng.integers(200, 501))
+            a = frame(rng, h, w, i, float(rng.uniform(0, 6)))
+            Image.fromarray(a).save(d / f"img{i:05d}.jpg", quality=90)
+        tmp = folder / "photos.tmp.h5"
+        Photos.create(tmp, sources=str(root), n_workers=2, progress=False).close()
+        os.replace(tmp, path)
+    files = sorted(str(p) for p in root.glob("*/*.jpg"))
+    if not all(os.path.exists(s) for s in shards):
+        import webdataset as wds
+
+        classes = sorted({Path(p).parent.name for p in files})
+        order = np.random.default_rng(2).permutation(len(files))
+        for k, shard in enumerate(shards):
+            with wds.TarWriter(shard + ".tmp") as sink:
+                for j in order[k :: len(shards)].tolist():
+                    p = Path(files[j])
+                    sink.write({"__key__": f"{p.parent.name}_{p.stem}", "jpg": p.read_bytes(),
+                                "cls": classes.index(p.parent.name)})
+            os.replace(shard + ".tmp", shard)
+    return files, str(path), shards
+
+
+def rrc(im: Any, size: int, rng: np.random.Generator) -> np.ndarray:
+    """torchvision's RandomResizedCrop + RandomHorizontalFlip on a PIL image, by hand."""
+    from PIL import Image
+
+    from h5store.serving.getters import crop_boxes
+
+    box = crop_boxes(np.array([im.height]), np.array([im.width]), (0.08, 1.0), (3 / 4, 4 / 3),
+                     int(rng.integers(2**31)), 0, np.zeros(1, np.int64))[0]
+    top, left, ch, cw = box.tolist()
+    out = im.resize((size, size), Image.BILINEAR, box=(left, top, left + cw, top + ch))
+    if rng.random() < 0.5:
+        out = out.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.array(out)
+
+
+class PilFolder:
+    """(P) the hand-written ImageFolder Dataset: open, convert, crop + resize, flip."""
+
+    def __init__(self, files: list[str], size: int) -> None:
+        self.files, self.size = files, size
+        classes = sorted({Path(p).parent.name for p in files})
+        self.labels = [classes.index(Path(p).parent.name) for p in files]
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import torch
+        from PIL import Image
+
+        self.calls += 1
+        rng = np.random.default_rng([i, self.calls, os.getpid()])
+        with Image.open(self.files[i]) as im:
+            x = rrc(im.convert("RGB"), self.size, rng)
+        return torch.from_numpy(x), self.labels[i]
+
+
+class _WdsTransform:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.rng: np.random.Generator | None = None
+
+    def __call__(self, sample: tuple[Any, int]) -> tuple[Any, int]:
+        if self.rng is None:
+            self.rng = np.random.default_rng(os.getpid())
+        return rrc(sample[0], self.size, self.rng), sample[1]
+
+
+def wds_loader(shards: list[str], icfg: ImageConfig, workers: int) -> Any:
+    """(W) WebDataset: shards shuffled, samples shuffled in a buffer, decoded with PIL, batched."""
+    import torch
+    import webdataset as wds
+
+    ds = (wds.WebDataset(shards, shardshuffle=len(shards), nodesplitter=None, empty_check=False)
+          .shuffle(256).decode("pil").to_tuple("jpg", "cls").map(_WdsTransform(icfg.size))
+          .batched(icfg.batch, collation_fn=_collate_pairs))
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers, persistent_workers=workers > 0)
+
+
+def _collate_pairs(samples: list[tuple[np.ndarray, int]]) -> tuple[Any, Any]:
+    import torch
+
+    return torch.from_numpy(np.stack([s[0] for s in samples])), torch.tensor([s[1] for s in samples])
+
+
+def image_section(icfg: ImageConfig, cfg: Config, cache: Path, run: int) -> str:
+    import torch
+    from torch.utils.data import DataLoader
+
+    with C.step("images: data"):
+        files, path, shards = make_images(icfg, cache)
+    C.warm_page_cache([path, *files, *shards])
+    load = C.LoadAverage()
+    f = Photos(path)
+    batch = dict(x=h5s.ImageCrop("image", icfg.size), y=h5s.Label("label"))
+    pil = PilFolder(files, icfg.size)
+    loaders: dict[str, Any] = {}
+    for w in (0, 2):
+        extra = dict(persistent_workers=True) if w else {}
+        loaders[f"h5store w{w}"] = f.serve(batch, icfg.batch, shuffle=True, num_workers=w, **extra)
+        loaders[f"PIL Dataset w{w}"] = DataLoader(pil, icfg.batch, shuffle=True, num_workers=w, **extra)
+        loaders[f"WebDataset w{w}"] = wds_loader(shards, icfg, w)
+    torch.set_num_threads(1)
+    tm = dict(min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds, min_batches=4)
+    t = C.rounds({k: (lambda ld=ld: C.time_batches(lambda: ld, size=tuple_size, **tm)) for k, ld in loaders.items()},
+                 cfg.repeat, "images")
+    load.stop()
+    f.close()
+
+    def ratio(a: str, b: str) -> str:
+        return C.fmt_ratio(t[a].rate / t[b].rate) if a in t and b in t else "-"
+
+    rows = [[k, C.fmt_rate(v.rate), ratio(k, "PIL Dataset " + k.split()[-1]), ratio(k, "WebDataset " + k.split()[-1])]
+            for k, v in t.items()]
+    targets = C.md_table(["target", "measured", "met?"], [
+        [f"images >= 1.5x the PIL Dataset ({w} workers)", ratio(f"h5store {w}", f"PIL Dataset {w}"),
+         _met(t, f"h5store {w}", f"PIL Dataset {w}", 1.5)] for w in ("w0", "w2")])
+    return "\n".join([
+        "",
+        f"### Images: random resized crops, run {run} ({C.today()})",
+        "",
+        f"{len(files)} JPEG files (200-500 x 150-375, quality 90) in {icfg.classes} class folders; random resized "
+        f"crop (scale 0.08-1, ratio 3/4-4/3) to {icfg.size}x{icfg.size} + random flip, batch {icfg.batch}, shuffled; "
+        f"images/s of the best of {cfg.repeat} interleaved rounds. (P): a hand-written PIL Dataset over the files; "
+        f"(W): WebDataset, {icfg.shards} tar shards, `decode(\"pil\")`, the same transform. " + C.load_note(load.span),
+        "",
+        C.md_table(["loader", "images/s", "vs PIL Dataset, same workers", "vs WebDataset, same workers"], rows),
+        "",
+        targets,
+    ])
+
+
 # --------------------------------------------------------------------------- main
 def main() -> None:
     ap = C.parser(__doc__, "where the video files are cached")
+    ap.add_argument("--runs", type=int, default=2, help="whole measurements, one after the other (all reported)")
     args = ap.parse_args()
     cfg = QUICK if args.quick else Config()
     started = time.perf_counter()
     cache = Path(args.cache_dir)
     with C.step("data"):
         paths = make_files(cfg, cache)
+    command = " ".join(["benchmarks/bench_video.py", *sys.argv[1:]])
+    parts = [f"Command: `{command}` ({max(1, args.runs)} runs, one after the other, each reported: the machine is "
+             "shared, so both are shown)."]
+    for run in range(1, max(1, args.runs) + 1):
+        parts.append(video_section(cfg, paths, run))
+        parts.append(image_section(IMAGE_QUICK if args.quick else ImageConfig(), cfg, cache, run))
+    C.publish(HEADING, "\n".join(parts), not args.no_write, started)
+
+
+def video_section(cfg: Config, paths: list[str], run: int) -> str:
     C.warm_page_cache(paths)
     import tensorflow as tf
     import torch
@@ -374,7 +558,8 @@ def main() -> None:
          _met(rate, "h5store w2", "h5store w0", 1.8)],
     ])
     text = "\n".join([
-        f"### Video clips ({C.today()}, `{' '.join(['benchmarks/bench_video.py', *sys.argv[1:]])}`)",
+        "",
+        f"### Video clips, run {run} ({C.today()})",
         "",
         f"{cfg.n_files} files x {cfg.per_file} videos of {cfg.lo}-{cfg.hi} frames ({cfg.width}x{cfg.height} JPEG, "
         f"quality {cfg.quality}); one random {cfg.clip}-frame clip per video per epoch, batch {cfg.batch}, shuffled; "
@@ -397,17 +582,13 @@ def main() -> None:
         "",
         decoders,
     ])
-    C.publish(HEADING, text + _images_placeholder(), not args.no_write, started)
+    return text
 
 
 def _met(rate: dict[str, Any], a: str, b: str, target: float) -> str:
     if a not in rate or b not in rate:
         return "-"
     return "yes" if rate[a].rate / rate[b].rate >= target else "no"
-
-
-def _images_placeholder() -> str:
-    return ""
 
 
 if __name__ == "__main__":

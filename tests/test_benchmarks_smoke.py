@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = ["bench_serve.py", "bench_create.py", "bench_tf.py", "bench_crc.py", "bench_open.py", "bench_append.py"]
+SCRIPTS = ["bench_serve.py", "bench_create.py", "bench_tf.py", "bench_crc.py", "bench_open.py", "bench_append.py",
+           "bench_video.py"]
 
 
 @pytest.mark.slow
