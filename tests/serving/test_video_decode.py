@@ -207,3 +207,25 @@ def test_bad_arguments() -> None:
                dict(length=4, min_size=(0, 3))):
         with pytest.raises(ValueError, match="Clips"):
             h5s.Clips("video", **kw)
+
+
+@pytest.mark.parametrize("getter", [h5s.Clips("video", K), h5s.Clips("video", K, encoded=True),
+                                    h5s.Frames("video", K, 2)], ids=["Clips", "encoded", "Frames"])
+def test_a_damaged_frame_raises_naming_the_file(path: Path, tmp_path: Path, getter: h5s.Getter) -> None:
+    import shutil
+
+    bad = tmp_path / "damaged.h5"
+    shutil.copy(path, bad)
+    with Clips(path) as f:
+        first = f.video.frames(0, encoded=True)[0]
+    data = bad.read_bytes()
+    at = data.find(first) + len(first) // 2  # inside the first frame's entropy-coded data
+    assert data.count(first) == 1 and at > 0
+    with open(bad, "r+b") as fh:
+        fh.seek(at)
+        fh.write(bytes([data[at] ^ 0xFF]))
+    f = Clips(bad)
+    with pytest.raises(h5s.CorruptRecordError, match="damaged.h5"):
+        for _ in f.iter_batches(dict(x=getter), batch_size=len(f), threads=0):
+            pass
+    f.close()
