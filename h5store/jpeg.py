@@ -3,17 +3,18 @@
 Every image and video path of h5store decodes JPEG here (``EncodedImage``,
 ``EncodedFrames``, the clip getters), in the thread or process that reads the batch.
 
-Why simplejpeg: measured on this machine (``benchmarks/bench_video.py``, decoders table)
-for 128x96 frames, simplejpeg and OpenCV's ``imdecode`` decode 2.2-2.6x faster than PIL
-(whose per-call ``Image.open`` + ``load`` + array conversion costs more than the decode);
-OpenCV is a little faster per frame but a 50 MB wheel that decodes to BGR (one more pass)
-and cannot decode into a given buffer; PyTurboJPEG needs a system libturbojpeg that pip does
-not install. simplejpeg (a 1 MB wheel, ``image`` extra) releases the GIL while it decodes,
-so reader threads decode in parallel, decodes straight into a batch buffer (no stack copy),
-reads headers without decoding, and scales by 1/2, 1/4, 1/8 inside the IDCT (``min_size``:
-DCT-domain downscale, much cheaper than decoding full size and resizing). Its output
-equals PIL's decoding of the same file (both run libjpeg-turbo's default islow IDCT and
-fancy upsampling; the tests check max abs difference 0).
+Why simplejpeg: measured in ``benchmarks/bench_video.py`` (decoders table, RESULTS.md) for
+128x96 frames, simplejpeg decodes 2.3-3.9x faster than PIL (whose per-call ``Image.open`` +
+``load`` + array conversion costs more than the decode itself) and faster than OpenCV's
+``imdecode`` (a 50 MB wheel that decodes to BGR, one more pass, and cannot decode into a given
+buffer); PyTurboJPEG needs a system libturbojpeg that pip does not install. simplejpeg (a
+1 MB wheel, ``image`` extra) releases the GIL around libjpeg-turbo, so reader threads decode
+in parallel (two-thread scaling could not be shown on the project's loaded 2-core machine),
+decodes straight into a batch buffer (no stack copy), reads headers without decoding, and
+scales by 1/2, 1/4, 1/8 inside the IDCT (``min_size``: much cheaper than decoding full size,
+then resizing). Its output equals PIL's decoding of the same file (both run libjpeg-turbo's
+default accurate IDCT and fancy upsampling; the tests check max abs difference 0, frame by
+frame against the source files).
 
 Without simplejpeg (or for what it does not decode: CMYK JPEGs, PNG), PIL decodes.
 ``H5STORE_JPEG=pil`` in the environment forces PIL (for comparisons).
