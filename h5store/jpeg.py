@@ -4,8 +4,8 @@ Every image and video path of h5store decodes JPEG here (``EncodedImage``,
 ``EncodedFrames``, the clip getters), in the thread or process that reads the batch.
 
 Why simplejpeg: measured in ``benchmarks/bench_video.py`` (decoders table, RESULTS.md) for
-128x96 frames, simplejpeg decodes 2.3-3.9x faster than PIL (whose per-call ``Image.open`` +
-``load`` + array conversion costs more than the decode itself) and faster than OpenCV's
+128x96 frames, simplejpeg takes 2.3-2.4x less CPU than PIL (whose per-call ``Image.open`` +
+``load`` + array conversion costs more than the decode itself), less than OpenCV's
 ``imdecode`` (a 50 MB wheel that decodes to BGR, one more pass, and cannot decode into a given
 buffer); PyTurboJPEG needs a system libturbojpeg that pip does not install. simplejpeg (a
 1 MB wheel, ``image`` extra) releases the GIL around libjpeg-turbo, so reader threads decode
