@@ -8,8 +8,9 @@ tf.data element is a whole batch read in one planned read, by parallel threads:
 
 - `f.to_tf_dataset(batch, batch_size=32, shuffle=True)`: batches of one file (or of `h5s.concat([...])`),
   reshuffled at every iteration (every Keras epoch), random crops reproducible from the seed;
-- `h5s.interleave(paths, batch, ...)`: `cycle_length` files open at once, read
-  concurrently by `num_parallel_calls` threads, each file opened once per pass.
+- `h5s.interleave(paths, batch, ...)`: every batch mixes `cycle_length` files (tf.data's
+  interleave order), read concurrently by `num_parallel_calls` threads, each file opened once
+  per pass (`mix="batches"`: batches of one file each).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def main() -> None:
     history = model.fit(ds.map(lambda b: (b["x"], b["y"])), epochs=args.epochs, shuffle=False, verbose=2)
     print(f"keras: accuracy {history.history['accuracy'][-1]:.2f} after {args.epochs} epochs")
 
-    # 2. Many files, interleaved: 3 open at a time, read by 3 threads; `file` says where each batch came from.
+    # 2. Many files, interleaved: every batch mixes 3 files, read by 3 threads; `file` says where each example came from.
     many = h5s.interleave([str(q) for q in paths], dict(x=h5s.Window("mel", 64), y=h5s.Label("label")),
                           batch_size=32, shuffle=True, cycle_length=3, num_parallel_calls=3, file_key="file")
     per_file: Counter[int] = Counter()

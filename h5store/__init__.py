@@ -37,7 +37,7 @@ from h5store.features import (
 from h5store.schema import Feature, Group, Schema, Source, feature_types, register_feature
 from h5store.serving import interleave, transforms
 from h5store.serving.files import concat
-from h5store.serving.getters import Frames, Getter, Id, Item, Label, Position, Window
+from h5store.serving.getters import Clips, Encoded, Frames, Getter, Id, ImageCrop, Item, Label, Position, Window
 from h5store.typed_file import TypedFile, open
 
 __version__ = "0.1.0"
@@ -47,9 +47,11 @@ __all__ = [
     "Array",
     "Audio",
     "CSVColumn",
+    "Clips",
     "CorruptRecordError",
     "DirLabel",
     "DuplicateIdError",
+    "Encoded",
     "EncodedFrames",
     "EncodedImage",
     "Feature",
@@ -59,6 +61,7 @@ __all__ = [
     "Group",
     "H5StoreError",
     "Id",
+    "ImageCrop",
     "Item",
     "JournalError",
     "Label",

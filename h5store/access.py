@@ -18,7 +18,7 @@ from h5store.groups import GroupStore
 from h5store.refs import Refs
 from h5store.schema import Feature
 
-__all__ = ["FeatureView", "GroupView", "IdsView"]
+__all__ = ["BlobsView", "FeatureView", "GroupView", "IdsView"]
 
 Key = str | int | np.integer
 
@@ -203,20 +203,118 @@ class FeatureView:
             yield from self.read_many(present[a : a + 256])
         del n
 
-    def blobs(self, key: Key, first: int = 0, stop: int | None = None) -> list[Any]:
-        """Blobs ``first..stop-1`` of one "blobs" item, reading only their bytes."""
-        row = self.group.position(key)
-        if stop is None:
-            stop = int(self.lengths[row])
-        try:
-            raw = self.column.read_blobs(row, first, stop)
-        except KeyError:
-            raise NotFound(f"{self.where}: id {self.group.store.refs.id(row)!r} has no {self.name!r} item") from None
+    def blobs(self, key: Key, first: int | None = 0, stop: int | None = None) -> list[Any]:
+        """Blobs ``first..stop-1`` of one "blobs" item, reading only their bytes.
+
+        The bounds behave like a slice's (``list(item)[first:stop]``): negative ones count
+        from the end, out-of-range ones are clamped, an empty range gives ``[]``. Each blob
+        is decoded (``decode_blob``) when the feature has a decoder; :meth:`frames` gives a
+        clip as one array.
+
+        Examples
+        --------
+        >>> f.video.blobs("v1", -8)  # the last 8 frames (fewer if the video is shorter)  # doctest: +SKIP
+        """
+        row, first, stop = self._blob_range(key, slice(first, stop))
+        raw = self._read_blobs(row, first, stop)
         decode = getattr(self.feature, "decode_blob", None)
         return [decode(b) for b in raw] if decode else raw
 
+    def frames(self, key: Key, encoded: bool = False) -> BlobsView:
+        """The frames of one "blobs" item (a video) as a sliceable view: ``f.video.frames(id)[k:k+8]``.
+
+        Nothing is read until the view is indexed; a slice reads only the bytes of its frames.
+
+        Parameters
+        ----------
+        key : str or int
+            The item's id or position.
+        encoded : bool
+            Index to the stored bytes (a list of ``bytes``, e.g. for ``tf.io.decode_jpeg``
+            or a GPU decoder) instead of decoded frames.
+
+        Examples
+        --------
+        >>> clip = f.video.frames("v1")[8:16]  # (8, H, W, C) uint8, fewer rows past the end  # doctest: +SKIP
+        >>> jpegs = f.video.frames("v1", encoded=True)[-4:]  # the last four frames' JPEG bytes  # doctest: +SKIP
+        """
+        row = self.group.position(key)
+        if self.feature.spec().layout != "blobs":
+            raise SchemaError(f"{self.where}: frames() needs a feature stored as blobs (EncodedFrames), "
+                              f"not {type(self.feature).__name__}; read the item with f.{self.name}[id]")
+        return BlobsView(self, row, encoded)
+
+    def _blob_range(self, key: Key, sl: slice) -> tuple[int, int, int]:
+        row = self.group.position(key)
+        start, stop, _ = slice(sl.start, sl.stop).indices(int(self.lengths[row]))
+        return row, start, max(start, stop)
+
+    def _read_blobs(self, row: int, first: int, stop: int) -> list[Any]:
+        try:
+            return self.column.read_blobs(row, first, stop)
+        except KeyError:
+            raise NotFound(f"{self.where}: id {self.group.store.refs.id(row)!r} has no {self.name!r} item") from None
+
     def __repr__(self) -> str:
         return f"<feature {self.where} {self.feature!r}: {int(self.present.sum())} items>"
+
+
+class BlobsView:
+    """The frames of one "blobs" item, indexed like a sequence (made by :meth:`FeatureView.frames`).
+
+    ``view[k]`` is one frame (``IndexError`` out of range, as a list); ``view[a:b:s]`` is
+    the frames a Python slice would pick, stacked into one ``(n, H, W, C)`` array (``n`` may
+    be 0), reading only the bytes from the first to the last picked frame. With
+    ``encoded=True`` values are the stored bytes (``bytes``; a list for a slice).
+
+    Examples
+    --------
+    >>> v = f.video.frames("v1")  # doctest: +SKIP
+    >>> len(v), v[0].shape, v[-3:].shape, v[100:108].shape  # doctest: +SKIP
+    (20, (96, 128, 3), (3, 96, 128, 3), (0, 96, 128, 3))
+    """
+
+    __slots__ = ("_encoded", "_row", "_view")
+
+    def __init__(self, view: FeatureView, row: int, encoded: bool) -> None:
+        self._view = view
+        self._row = row
+        self._encoded = bool(encoded)
+
+    def __len__(self) -> int:
+        return int(self._view.lengths[self._row])
+
+    def __getitem__(self, key: Any) -> Any:
+        n = len(self)
+        if isinstance(key, slice):
+            picked = range(*key.indices(n))
+            if not len(picked):
+                return [] if self._encoded else self._empty()
+            lo, hi = min(picked[0], picked[-1]), max(picked[0], picked[-1]) + 1
+            raw = self._view._read_blobs(self._row, lo, hi)
+            raw = [raw[k - lo] for k in picked]
+            return [bytes(b) for b in raw] if self._encoded else self._decode(raw)
+        if isinstance(key, (bool, np.bool_)) or not isinstance(key, (int, np.integer)):
+            raise TypeError(f"frame indices must be ints or slices, not {type(key).__name__}")
+        k = int(key) + n if key < 0 else int(key)
+        if not 0 <= k < n:
+            raise IndexError(f"{self._view.where}: frame {int(key)} out of range for a video of {n} frames")
+        raw = self._view._read_blobs(self._row, k, k + 1)
+        return bytes(raw[0]) if self._encoded else self._decode(raw)[0]
+
+    def _decode(self, raw: list[Any]) -> np.ndarray:
+        decode = getattr(self._view.feature, "decode", None)
+        return np.asarray(decode(raw)) if decode is not None else np.stack(raw)
+
+    def _empty(self) -> np.ndarray:
+        first = self._decode(self._view._read_blobs(self._row, 0, 1)) if len(self) else np.zeros((1, 0), np.uint8)
+        return first[:0]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self[:])
+
+    def __repr__(self) -> str:
+        return f"<frames of {self._view.where} item {self._row}: {len(self)}{' encoded' if self._encoded else ''}>"
 
 
 class _NoItemYet:

@@ -1,8 +1,10 @@
 """Image features: encoded images and videos as sequences of JPEG frames.
 
 Images stay compressed in the file (a JPEG is ~10x smaller than its pixels) and are
-decoded on read, in the DataLoader workers. pillow is the ``image`` extra
-(``pip install h5store[image]``), imported only when an image is encoded or decoded.
+decoded on read, in the DataLoader workers or reader threads, by :mod:`h5store.jpeg`
+(libjpeg-turbo through simplejpeg, the GIL released; PIL without it). pillow and simplejpeg
+are the ``image`` extra (``pip install h5store[image]``), imported only when an image is
+encoded or decoded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from h5store import jpeg
 from h5store.errors import SchemaError, SourceError
 from h5store.features.audio_file import check_file
 from h5store.schema import Feature
@@ -188,7 +191,46 @@ class EncodedImage(Feature):
         return np.frombuffer(value, dtype=np.uint8)
 
     def decode(self, raw: Any) -> np.ndarray:
-        return _to_array(_open(_bytes(raw), "stored image", SchemaError))
+        return _fast(raw, "stored image")
+
+    def image_size(self, raw: Any) -> tuple[int, int]:
+        """``(height, width)`` of a stored image, from its header (nothing decoded)."""
+        shape = jpeg.header(raw)
+        if shape is not None:
+            return shape[0], shape[1]
+        Image = _pil()
+        try:
+            with Image.open(io.BytesIO(_bytes(raw))) as im:
+                return im.height, im.width
+        except Exception as e:  # noqa: BLE001 - as _open
+            raise SchemaError(f"stored image: not a decodable image ({type(e).__name__}: {e})") from None
+
+    def crop_into(self, raw: Any, box: tuple[int, int, int, int], out: np.ndarray, flip: bool = False) -> np.ndarray:
+        """Crop ``box`` = ``(top, left, height, width)`` of a stored image, resized into ``out``.
+
+        ``out`` is an ``(h, w, 3)`` uint8 slot of a batch. The JPEG is decoded at the smallest
+        1/1, 1/2, 1/4, 1/8 scale that keeps the box at least ``(h, w)`` pixels (in the IDCT),
+        then resized (PIL bilinear with antialiasing, over the box scaled alike) and
+        flipped left-right when ``flip``. Grey images are repeated to three channels; alpha
+        is dropped.
+        """
+        top, left, ch, cw = (int(v) for v in box)
+        oh, ow = out.shape[:2]
+        h, w = self.image_size(raw)
+        s = next(s for s in (8, 4, 2, 1) if s == 1 or (ch >= s * oh and cw >= s * ow))
+        a = _fast(raw, "stored image", (-(-h // s), -(-w // s)) if s > 1 else None)
+        if a.shape[2] in (1, 2):  # grey (with alpha)
+            a = np.repeat(a[..., :1], 3, axis=2)
+        elif a.shape[2] != 3:
+            a = np.ascontiguousarray(a[..., :3])
+        fy, fx = a.shape[0] / h, a.shape[1] / w
+        Image = _pil()
+        im = Image.fromarray(a).resize((ow, oh), Image.BILINEAR,
+                                       box=(left * fx, top * fy, (left + cw) * fx, (top + ch) * fy))
+        if flip:
+            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+        out[...] = np.asarray(im)
+        return out
 
     def display_kind(self) -> str:
         return "image"
@@ -316,13 +358,40 @@ class EncodedFrames(Feature):
         return out
 
     def decode_blob(self, blob: Any) -> np.ndarray:
-        """One stored frame as an ``(H, W, C)`` uint8 array."""
-        return _to_array(_open(_bytes(blob), "stored frame", SchemaError))
+        """One stored frame as an ``(H, W, C)`` uint8 array (:mod:`h5store.jpeg`: GIL released)."""
+        return _fast(blob, "stored frame")
+
+    def frame_shape(self, blob: Any, min_size: tuple[int, int] | None = None) -> tuple[int, int, int]:
+        """``(H, W, C)`` of a stored frame once decoded (from its header when it can)."""
+        shape = jpeg.header(blob, min_size)
+        return shape if shape is not None else tuple(_fast(blob, "stored frame", min_size).shape)  # type: ignore[return-value]
+
+    def decode_into(self, blob: Any, out: np.ndarray, min_size: tuple[int, int] | None = None) -> np.ndarray:
+        """Decode one stored frame into ``out`` (a C-contiguous ``(H, W, C)`` uint8 slot of a batch)."""
+        try:
+            return jpeg.decode(blob, out=out, min_size=min_size)
+        except ValueError as e:
+            raise SchemaError(f"stored frame: not a decodable image ({e})") from None
 
     def decode(self, raw: Any) -> np.ndarray:
         if not len(raw):
             return np.zeros((0, 0, 0, 3), np.uint8)
-        return np.stack([self.decode_blob(b) for b in raw])
+        first = self.decode_blob(raw[0])
+        out = np.empty((len(raw), *first.shape), np.uint8)
+        out[0] = first
+        for k in range(1, len(raw)):
+            self.decode_into(raw[k], out[k])
+        return out
+
+
+def _fast(data: Any, what: str, min_size: tuple[int, int] | None = None) -> np.ndarray:
+    """A stored JPEG (or PNG) decoded by :mod:`h5store.jpeg`; corrupt data raises SchemaError naming ``what``."""
+    if not jpeg.is_jpeg(data):
+        return _to_array(_open(_bytes(data), what, SchemaError))
+    try:
+        return jpeg.decode(data, min_size=min_size)
+    except ValueError as e:
+        raise SchemaError(f"{what}: not a decodable image ({e})") from None
 
     def display_kind(self) -> str:
         return "frames"

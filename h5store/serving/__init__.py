@@ -13,7 +13,7 @@ first), defined in ``api.py``.
 Module map::
 
     api.py       serve, iter_batches, to_tf_dataset, interleave: the checked entry points
-    getters.py   Getter base class; Item, Window, Frames, Label, Position, Id
+    getters.py   Getter base class; Item, Window, Frames, Label, Position, Id, Clips, Encoded
     files.py     FileSet (batched reads over one or many files), MultiFile, concat
     dataset.py   FileDataset: __getitems__ / fetch, one planned read per feature per batch
     collate.py   padding, lengths and masks; numpy -> torch
@@ -35,7 +35,20 @@ from h5store.serving.api import interleave, iter_batches, serve, to_tf_dataset
 from h5store.serving.collate import Batch, pad, pad_collate, pad_collate_numpy, to_torch
 from h5store.serving.dataset import CorruptRecordWarning, FileDataset
 from h5store.serving.files import FileSet, MultiFile, concat
-from h5store.serving.getters import Frames, Getter, Id, Item, Label, Padded, Position, Request, Window
+from h5store.serving.getters import (
+    Clips,
+    Encoded,
+    Frames,
+    Getter,
+    Id,
+    ImageCrop,
+    Item,
+    Label,
+    Padded,
+    Position,
+    Request,
+    Window,
+)
 from h5store.serving.numpy_iter import BatchIterator
 from h5store.serving.samplers import (
     BatchSampler,
@@ -56,7 +69,10 @@ __all__ = [
     "EpochIndices",
     "FileDataset",
     "FileSet",
+    "Clips",
+    "Encoded",
     "Frames",
+    "ImageCrop",
     "Getter",
     "Id",
     "Item",

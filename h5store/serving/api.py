@@ -238,7 +238,9 @@ def interleave(files: Any, batch: Mapping[str, Any], batch_size: int = 1, *, shu
     """Batches of many files read concurrently by tf.data: ``h5s.interleave(paths, batch, batch_size=32)``.
 
     The signature and defaults of :meth:`to_tf_dataset`; see :func:`h5store.serving.tf.interleave`
-    for ``cycle_length``, ``block_length``, ``file_key`` and the rest.
+    for ``cycle_length``, ``block_length``, ``mix``, ``file_key`` and the rest. Every batch
+    mixes the files (``mix="examples"``, tf.data's ``block_length=1``); ``mix="batches"``
+    serves batches of one file each.
 
     Examples
     --------

@@ -35,7 +35,8 @@ from h5store.layout import count_windows
 if TYPE_CHECKING:
     from h5store.serving.files import FileSet
 
-__all__ = ["Frames", "Getter", "Id", "Item", "Label", "Padded", "Position", "Request", "Window", "mix64"]
+__all__ = ["Clips", "Encoded", "Frames", "Getter", "Id", "ImageCrop", "Item", "Label", "Padded", "Position", "Request",
+           "Window", "crop_boxes", "mix64"]
 
 _I64 = np.int64
 _U64 = np.uint64
@@ -265,8 +266,9 @@ class Item(Getter):
     feature : str
         The feature (``"group/name"`` for one of a group).
     lengths : bool or None
-        Return ``{key}_lengths`` with the values. Default: for stored variable-length
-        items that are not decoded.
+        Return ``{key}_lengths`` with the values. Default: for every variable-length
+        item (decoded ones too: a video's frame count, an image's rows), in torch, tf.data
+        and numpy alike.
 
     Examples
     --------
@@ -285,7 +287,8 @@ class Item(Getter):
         spec = files.spec(name)
         if files.decoded(name):
             values, lengths = _collate_values(_decode_many(files, name, files.read_items(name, items)), files.alloc)
-            if self.lengths and lengths is not None and isinstance(values, np.ndarray):
+            wanted = self.lengths if self.lengths is not None else spec.layout != "fixed"
+            if wanted and lengths is not None and isinstance(values, np.ndarray):
                 return Padded(values, lengths)
             return values
         if spec.layout == "fixed":
@@ -456,8 +459,8 @@ class Frames(Getter):
         first = request.subs * self.hop
         count = np.full(len(request), self.length, dtype=_I64)
         if files.spec(name).layout == "blobs":
-            return _decoded_window(files, name, files.read_blobs(name, request.items, first, count), count,
-                                   self.length).values
+            return _decode_clips(files, name, files.read_blobs(name, request.items, first, count), count,
+                                 self.length).values
         values = files.read_padded(name, request.items, first, count, self.length)
         if files.decoded(name):
             return _decoded_window(files, name, list(values), count, self.length).values
@@ -578,3 +581,322 @@ class Id(Getter):
 
     def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
         return np.dtype(object), ()
+
+
+# --------------------------------------------------------------------------- video clips, encoded bytes
+def _decode_clips(files: FileSet, name: str, raws: list[list[Any]], count: np.ndarray, length: int,
+                  min_size: tuple[int, int] | None = None) -> Padded:
+    """Clips of encoded frames decoded straight into one ``(B, length, H, W, C)`` batch buffer."""
+    feat = files.feature(name)
+    into = getattr(feat, "decode_into", None)
+    if into is None:
+        return _decoded_window(files, name, raws, count, length)
+    first = next((r[0] for r in raws if len(r)), None)
+    if first is None:
+        raise SchemaError(f"{files.where(name)}: every item of the batch is empty; nothing to clip")
+    shape = tuple(feat.frame_shape(first, min_size))
+    out = files.alloc((len(raws), length, *shape), np.uint8)
+    for j, r in enumerate(raws):
+        for t, blob in enumerate(r):
+            try:
+                into(blob, out[j, t], min_size)
+            except SchemaError as e:
+                raise SchemaError(f"{files.where(name)}: {e} (videos of one batch must share a frame size: "
+                                  "pass min_size to decode them smaller, or serve them with Item)") from None
+        if len(r) < length:
+            out[j, len(r):] = 0
+    return Padded(out, count, always=False)
+
+
+class Clips(Getter):
+    """Clips of ``length`` consecutive frames of each video, one or several per video per epoch.
+
+    Between :class:`Window` (one clip per video per epoch: a 400-frame video weighs as much
+    as a 10-frame one) and :class:`Frames` (every clip): each video makes ``per_item``
+    clips, or one per ``every`` frames (in proportion to its length). A video's clips are
+    spread over it as TSN-style segments: clip ``j`` of ``n`` starts in the ``j``-th of ``n``
+    equal parts of the possible offsets, at a position drawn from ``(seed, epoch, example
+    index)`` (reproducible, new each epoch), or in the middle of its part with
+    ``random=False``. Only the clip's frames are read and decoded (GIL released), straight
+    into the batch buffer.
+
+    Parameters
+    ----------
+    feature : str
+        An :class:`~h5store.EncodedFrames` feature (any "blobs" or variable-length feature).
+    length : int
+        Frames per clip.
+    per_item : int
+        Clips per video per epoch (ignored when ``every`` is given).
+    every : int, optional
+        One clip per ``every`` frames of a video (at least one): ``ceil(frames / every)``.
+    random : bool
+        Random offsets within each clip's segment (default), or the middle of it.
+    encoded : bool
+        Return the clip's stored bytes instead of pixels: a ``(B, length)`` object array of
+        ``bytes`` (``b""`` past a short video's end; ``tf.string`` in tf.data) with
+        ``{key}_lengths``, to decode on an accelerator (``tf.io.decode_jpeg``,
+        ``torchvision.io.decode_jpeg(device="cuda")``, nvJPEG, DALI).
+    min_size : (int, int), optional
+        Decode frames at 1/2, 1/4 or 1/8 scale inside the IDCT, the smallest whose
+        ``(height, width)`` are at least these (simplejpeg; PIL's ``draft`` without it).
+    pad : {"zero", "skip"}
+        Videos shorter than ``length``: zero-padded (``mask=True`` adds ``{key}_lengths`` and
+        ``{key}_mask``) or left out.
+
+    Examples
+    --------
+    >>> batch = dict(clip=h5s.Clips("video", 8, every=16), y=h5s.Label("label"))  # doctest: +SKIP
+    >>> b = next(iter(f.serve(batch, batch_size=16, shuffle=True)))  # doctest: +SKIP
+    >>> b["clip"].shape  # doctest: +SKIP
+    torch.Size([16, 8, 96, 128, 3])
+    """
+
+    def __init__(self, feature: str, length: int, per_item: int = 1, every: int | None = None, random: bool = True,
+                 encoded: bool = False, min_size: tuple[int, int] | None = None, pad: str = "zero") -> None:
+        for what, v in (("length", length), ("per_item", per_item), ("every", 1 if every is None else every)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ValueError(f"Clips({feature!r}): {what} must be an int > 0, got {v!r}")
+        if pad not in ("zero", "skip"):
+            raise ValueError(f"Clips({feature!r}): pad must be 'zero' or 'skip', got {pad!r}")
+        if min_size is not None and (len(min_size) != 2 or min(int(v) for v in min_size) <= 0):
+            raise ValueError(f"Clips({feature!r}): min_size must be (height, width) > 0, got {min_size!r}")
+        self.feature = feature
+        self.length = int(length)
+        self.per_item = int(per_item)
+        self.every = None if every is None else int(every)
+        self.random = bool(random)
+        self.encoded = bool(encoded)
+        self.min_size = None if min_size is None else (int(min_size[0]), int(min_size[1]))
+        self.pad = pad
+        self.features = (feature,)
+
+    def check(self, files: FileSet) -> None:
+        super().check(files)
+        _ragged(files, _name(self.feature), repr(self))
+        if self.encoded and files.spec(_name(self.feature)).layout != "blobs":
+            raise SchemaError(f"{self!r}: encoded=True needs frames stored as blobs (EncodedFrames), "
+                              f"{files.where(_name(self.feature))} is not")
+
+    def _per(self, lengths: np.ndarray) -> np.ndarray:
+        if self.every is not None:
+            return np.maximum(1, -(-lengths // self.every)).astype(_I64)
+        return np.full(len(lengths), self.per_item, _I64)
+
+    def counts(self, files: FileSet, params: Mapping[str, Any]) -> np.ndarray | None:
+        lengths = files.lengths(_name(self.feature))
+        per = self._per(lengths)
+        return per * (lengths >= self.length) if self.pad == "skip" else per
+
+    def offsets(self, lengths: np.ndarray, request: Request) -> np.ndarray:
+        """First frame of each clip: clip ``subs`` of its video's ``n``, in its segment."""
+        positions = np.maximum(lengths - self.length, 0) + 1
+        n = self._per(lengths)
+        j = np.minimum(request.subs, n - 1)
+        lo = j * positions // n
+        width = np.maximum((j + 1) * positions // n - lo, 1)
+        if self.random:
+            pick = (mix64(request.seed, request.epoch, request.indices) % width.astype(_U64)).astype(_I64)
+        else:
+            pick = (width - 1) // 2
+        return np.minimum(lo + pick, positions - 1)
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        name = _name(self.feature)
+        lengths = files.lengths(name)[request.items]
+        first = self.offsets(lengths, request)
+        count = np.clip(lengths - first, 0, self.length)
+        if files.spec(name).layout != "blobs":
+            values = files.read_padded(name, request.items, first, count, self.length)
+            if files.decoded(name):
+                return _decoded_window(files, name, [values[j, :c] for j, c in enumerate(count.tolist())], count,
+                                       self.length)
+            return Padded(values, count, always=False)
+        raws = files.read_blobs(name, request.items, first, count)
+        if self.encoded:
+            out = np.full((len(raws), self.length), b"", dtype=object)
+            for j, r in enumerate(raws):
+                for t, blob in enumerate(r):
+                    out[j, t] = blob.tobytes() if isinstance(blob, np.ndarray) else bytes(blob)
+            return Padded(out, count, always=True)
+        return _decode_clips(files, name, raws, count, self.length, self.min_size)
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        name = _name(self.feature)
+        spec = files.spec(name)
+        if self.encoded:
+            return np.dtype(object), (self.length,)
+        if spec.layout == "blobs":
+            feat = files.feature(name)
+            present = np.flatnonzero(files.present(name))
+            if present.size and callable(getattr(feat, "frame_shape", None)):
+                blob = files.read_blobs(name, present[:1], np.zeros(1, _I64), np.ones(1, _I64))[0][0]
+                return np.dtype(np.uint8), (self.length, *feat.frame_shape(blob, self.min_size))
+        if files.decoded(name) or spec.layout == "blobs":
+            dtype, shape = _decoded_signature(files, name, True)
+            return dtype, (self.length, *shape[1:])
+        return spec.np_dtype, (self.length, *spec.inner)
+
+
+class Encoded(Getter):
+    """The stored bytes of each item, undecoded: an image's JPEG/PNG file as it was ingested.
+
+    For decoding elsewhere: in the graph (``tf.io.decode_jpeg`` / ``decode_image`` in a
+    parallel ``map``) or on an accelerator (``torchvision.io.decode_jpeg(..., device="cuda")``,
+    nvJPEG, DALI). A batch is a list of ``bytes`` (PyTorch, numpy) or a ``(B,)`` ``tf.string``
+    tensor. For video clips use ``Clips(..., encoded=True)``.
+
+    Examples
+    --------
+    >>> ds = f.to_tf_dataset(dict(jpeg=h5s.Encoded("image"), y=h5s.Label("label")), batch_size=32)  # doctest: +SKIP
+    >>> ds = ds.map(lambda b: (tf.map_fn(tf.io.decode_jpeg, b["jpeg"], fn_output_signature=tf.uint8), b["y"]))  # doctest: +SKIP
+    """
+
+    def __init__(self, feature: str) -> None:
+        self.feature = feature
+        self.features = (feature,)
+
+    def check(self, files: FileSet) -> None:
+        super().check(files)
+        spec = files.spec(_name(self.feature))
+        if spec.layout == "blobs":
+            raise SchemaError(f"{self!r}: {files.where(_name(self.feature))} holds several blobs per item (frames); "
+                              "use Clips(..., encoded=True) for their bytes")
+        if spec.np_dtype != np.uint8 or tuple(spec.shape) != (None,):
+            raise SchemaError(f"{self!r}: {files.where(_name(self.feature))} is not stored as bytes "
+                              f"(dtype {spec.np_dtype}, shape {spec.shape}); Encoded serves encoded images")
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        raws = files.read_items(_name(self.feature), request.items)
+        return [r.tobytes() if isinstance(r, np.ndarray) else bytes(r) for r in raws]
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        return np.dtype(object), ()
+
+
+# --------------------------------------------------------------------------- images: random resized crops
+def _uniform(seed: int, epoch: int, indices: np.ndarray, stream: int) -> np.ndarray:
+    """A uniform in [0, 1) per example, from ``(seed, epoch, index, stream)`` (splitmix64)."""
+    return (mix64(seed, epoch, indices, stream) >> _U64(11)).astype(np.float64) / float(1 << 53)
+
+
+def crop_boxes(heights: np.ndarray, widths: np.ndarray, scale: tuple[float, float], ratio: tuple[float, float],
+               seed: int, epoch: int, indices: np.ndarray, attempts: int = 10) -> np.ndarray:
+    """torchvision's ``RandomResizedCrop`` boxes ``(top, left, height, width)``, one per example.
+
+    Up to ``attempts`` draws of an area fraction in ``scale`` and a log-uniform aspect ratio in
+    ``ratio``; the first that fits the image wins, else the centre crop of the ratio clamped
+    to ``ratio``. Reproducible from ``(seed, epoch, example index)``, computed for the batch.
+
+    Examples
+    --------
+    >>> b = crop_boxes(np.array([100]), np.array([200]), (0.08, 1.0), (3 / 4, 4 / 3), 0, 0, np.array([5]))
+    >>> bool((b[:, 2] <= 100).all() and (b[:, 3] <= 200).all())
+    True
+    """
+    h = heights.astype(np.float64)
+    w = widths.astype(np.float64)
+    n = len(h)
+    out = np.zeros((n, 4), _I64)
+    done = np.zeros(n, bool)
+    lo, hi = np.log(ratio[0]), np.log(ratio[1])
+    for a in range(attempts):
+        area = h * w * (scale[0] + (scale[1] - scale[0]) * _uniform(seed, epoch, indices, 4 * a))
+        r = np.exp(lo + (hi - lo) * _uniform(seed, epoch, indices, 4 * a + 1))
+        cw = np.round(np.sqrt(area * r))
+        ch = np.round(np.sqrt(area / r))
+        ok = ~done & (cw > 0) & (ch > 0) & (cw <= w) & (ch <= h)
+        top = np.floor(_uniform(seed, epoch, indices, 4 * a + 2) * (h - ch + 1))
+        left = np.floor(_uniform(seed, epoch, indices, 4 * a + 3) * (w - cw + 1))
+        out[ok] = np.stack([top, left, ch, cw], 1)[ok].astype(_I64)
+        done |= ok
+    if not done.all():  # the centre crop, its ratio clamped
+        rest = ~done
+        in_ratio = w[rest] / h[rest]
+        cw = np.where(in_ratio < ratio[0], w[rest], np.where(in_ratio > ratio[1], np.round(h[rest] * ratio[1]), w[rest]))
+        ch = np.where(in_ratio < ratio[0], np.round(w[rest] / ratio[0]), h[rest])
+        out[rest] = np.stack([(h[rest] - ch) // 2, (w[rest] - cw) // 2, ch, cw], 1).astype(_I64)
+    return out
+
+
+class ImageCrop(Getter):
+    """Random resized crops of encoded images, flipped at random: ``(B, height, width, 3)`` uint8.
+
+    torchvision's ``RandomResizedCrop(size, scale, ratio)`` + ``RandomHorizontalFlip`` done at
+    decode time: the crop box is drawn from the image's header (no decode), the JPEG is
+    decoded at the smallest 1/1, 1/2, 1/4, 1/8 scale that still gives the crop at least
+    ``size`` pixels (scaled inside the IDCT: simplejpeg, GIL released), then the box is
+    resized (PIL bilinear, antialiased, GIL released) straight into the batch buffer.
+    Reproducible from ``(seed, epoch, example index)``; ``random=False`` takes the centre
+    crop of ``scale[1]`` (validation).
+
+    Parameters
+    ----------
+    feature : str
+        An :class:`~h5store.EncodedImage` feature.
+    size : int or (int, int)
+        Output ``(height, width)``.
+    scale, ratio : (float, float)
+        Area fraction and aspect-ratio range of the crop (torchvision's defaults).
+    flip : bool
+        Flip half of the crops left-right.
+    random : bool
+        Random crops (training) or the centre crop (validation).
+
+    Examples
+    --------
+    >>> batch = dict(x=h5s.ImageCrop("image", 224), y=h5s.Label("label"))  # doctest: +SKIP
+    >>> loader = f.serve(batch, batch_size=64, shuffle=True, num_workers=8)  # doctest: +SKIP
+    """
+
+    def __init__(self, feature: str, size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = True, random: bool = True) -> None:
+        hw = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
+        if len(hw) != 2 or any(isinstance(v, bool) or int(v) <= 0 for v in hw):
+            raise ValueError(f"ImageCrop({feature!r}): size must be an int or (height, width) > 0, got {size!r}")
+        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"ImageCrop({feature!r}): need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= "
+                             f"ratio[1], got scale={scale!r}, ratio={ratio!r}")
+        self.feature = feature
+        self.size = (int(hw[0]), int(hw[1]))
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.flip = bool(flip)
+        self.random = bool(random)
+        self.features = (feature,)
+
+    def check(self, files: FileSet) -> None:
+        super().check(files)
+        if not callable(getattr(files.feature(_name(self.feature)), "crop_into", None)):
+            raise SchemaError(f"{self!r}: {files.where(_name(self.feature))} is not an encoded image feature "
+                              "(EncodedImage)")
+
+    def boxes(self, shapes: np.ndarray, request: Request) -> np.ndarray:
+        """``(top, left, height, width)`` of each example's crop, for images of ``shapes`` (H, W)."""
+        h, w = shapes[:, 0], shapes[:, 1]
+        if self.random:
+            return crop_boxes(h, w, self.scale, self.ratio, request.seed, request.epoch, request.indices)
+        side = np.sqrt(h * w * self.scale[1]).astype(np.float64)
+        r = self.size[1] / self.size[0]
+        ch = np.minimum(np.round(side / np.sqrt(r)), h)
+        cw = np.minimum(np.round(side * np.sqrt(r)), w)
+        return np.stack([(h - ch) // 2, (w - cw) // 2, ch, cw], 1).astype(_I64)
+
+    def fetch(self, files: FileSet, request: Request) -> np.ndarray | Padded | list[Any]:
+        name = _name(self.feature)
+        feat = files.feature(name)
+        raws = files.read_items(name, request.items)
+        shapes = np.array([feat.image_size(r) for r in raws], _I64).reshape(-1, 2)
+        boxes = self.boxes(shapes, request)
+        flips = (mix64(request.seed, request.epoch, request.indices, 99) & _U64(1)).astype(bool) if self.flip \
+            else np.zeros(len(raws), bool)
+        out = files.alloc((len(raws), *self.size, 3), np.uint8)
+        for j, raw in enumerate(raws):
+            try:
+                feat.crop_into(raw, tuple(boxes[j].tolist()), out[j], bool(flips[j]))
+            except SchemaError as e:
+                raise SchemaError(f"{files.where(name)}: item at {int(request.items[j])}: {e}") from None
+        return out
+
+    def signature(self, files: FileSet) -> tuple[np.dtype, tuple[int | None, ...]]:
+        return np.dtype(np.uint8), (*self.size, 3)

@@ -40,7 +40,7 @@ from h5store.serving.getters import Getter, mix64
 from h5store.serving.numpy_iter import close_dataset, make_sampler, prepare_for_threads
 from h5store.serving.shared import SharedParams
 
-__all__ = ["AUTOTUNE", "Layout", "interleave", "output_signature", "to_tf_dataset"]
+__all__ = ["AUTOTUNE", "Layout", "interleave", "interleave_order", "output_signature", "to_tf_dataset"]
 
 AUTOTUNE = tf.data.AUTOTUNE
 _I64 = np.int64
@@ -523,14 +523,19 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
                block_length: int = 1, num_parallel_calls: int | None = AUTOTUNE, deterministic: bool | None = True,
                ragged: bool = False, prefetch: int | None = AUTOTUNE, epoch: int = 0, file_key: str | None = None,
                params: Mapping[str, Any] | SharedParams | None = None, mask: bool = False,
-               bucket: bool | int | None = None) -> tf.data.Dataset:
+               bucket: bool | int | None = None, mix: str = "examples") -> tf.data.Dataset:
     """Batches from many HDF5 files read concurrently: ``tf.data.Dataset.interleave`` over the files.
 
-    Each pass over a file opens it once, reads its batches in order and closes it: with
-    ``cycle_length`` files in the cycle, that many are open at a time, and
-    ``num_parallel_calls`` threads read from them concurrently. Batches hold examples of
-    one file each (``block_length`` consecutive batches of a file, then the next file of
-    the cycle). No handle is cached across passes.
+    ``mix="examples"`` (default): every batch mixes the files, as
+    ``Dataset.interleave(..., block_length=1).batch(batch_size)`` over the examples would:
+    ``cycle_length`` files are in the cycle, each gives ``block_length`` examples in turn,
+    and a file that runs out is replaced by the next one. The order is planned in numpy
+    once per epoch, then ``num_parallel_calls`` threads read whole batches (one planned
+    read per feature and file), each file opened once per pass. ``mix="batches"``: batches
+    hold examples of one file each (``block_length`` consecutive batches of a file, then the
+    next file of the cycle); each pass over a file opens it, reads its batches in order and
+    closes it. Use it when a batch must come from one file; otherwise a file that groups
+    related items (one class, one speaker) makes batches that are all alike.
 
     Parameters
     ----------
@@ -539,11 +544,15 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
         (``h5store.open``).
     batch : dict
         Key -> getter, as for :func:`to_tf_dataset`. ``h5s.Position()`` is the item's
-        position in its own file; ``h5s.Id()`` is ``"path::id"``, as over a concat.
+        position across the files (as over a concat) with ``mix="examples"``, in its own
+        file with ``mix="batches"``; ``h5s.Id()`` is ``"path::id"``, as over a concat.
     batch_size : int
         Examples per batch (default 1, as PyTorch's ``DataLoader``).
     cycle_length, block_length : int
-        Files read at once; batches taken from one before moving to the next.
+        Files in the cycle; examples (``mix="examples"``) or batches (``mix="batches"``)
+        taken from one before moving to the next.
+    mix : {"examples", "batches"}
+        Mix the files within every batch (default), or serve batches of one file each.
     shuffle : bool
         Shuffle the order of the files and the items within each file, from
         ``(seed, epoch)`` (each file with its own stream; default False, as ``DataLoader``).
@@ -555,9 +564,11 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
     deterministic : bool
         False lets batches come as soon as they are read (faster when files differ in speed).
     drop_last : bool
-        Drop each file's last incomplete batch (then the batch dimension is static).
+        Drop the epoch's last incomplete batch (each file's with ``mix="batches"``); the
+        batch dimension is then static.
     ragged, prefetch, epoch, params, mask, bucket
-        As for :func:`to_tf_dataset`.
+        As for :func:`to_tf_dataset` (``bucket`` only with ``mix="batches"``: buckets are
+        made within a file).
     file_key : str, optional
         Add this key: the index in ``files`` of each example's file (int64).
 
@@ -575,8 +586,21 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
     >>> for b in ds.take(2):  # doctest: +SKIP
     ...     b["x"].shape, b["file"][0]
     """
+    if mix not in ("examples", "batches"):
+        raise ValueError(f"interleave: mix must be 'examples' (files mixed in every batch) or 'batches' "
+                         f"(one file per batch), got {mix!r}")
+    for name, value in (("cycle_length", cycle_length), ("block_length", block_length)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"interleave: {name} must be an int > 0, got {value!r}")
     recipes = _recipes(files)
     shared = params if isinstance(params, SharedParams) else SharedParams(dict(params or {}))
+    if mix == "examples":
+        if bucket:
+            raise ValueError("interleave: bucket needs mix='batches' (buckets are made within each file)")
+        return _mixed(recipes, batch, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, verify=verify,
+                      cycle_length=int(cycle_length), block_length=int(block_length),
+                      num_parallel_calls=num_parallel_calls, deterministic=deterministic, ragged=ragged,
+                      prefetch=prefetch, epoch=epoch, file_key=file_key, params=shared, mask=mask)
     static = _static_batch(batch_size, drop_last)
     layout = None
     for recipe in recipes:  # the signature, from the first file with an example (opened, then closed)
@@ -616,3 +640,98 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
     ds = ds.interleave(per_file, cycle_length=cycle_length, block_length=block_length,
                        num_parallel_calls=num_parallel_calls, deterministic=deterministic)
     return _finish(ds, prefetch)
+
+
+# --------------------------------------------------------------------------- many files, mixed
+def interleave_order(file_of: np.ndarray, n_files: int, cycle_length: int, block_length: int, *,
+                     shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """The example order of one epoch of a mixed :func:`interleave`: tf.data's interleave, in numpy.
+
+    ``file_of[i]`` is the file of example ``i``. Files enter a cycle of ``cycle_length``
+    slots in file order (shuffled per epoch when ``shuffle``); each slot in turn gives
+    ``block_length`` examples of its file (its examples shuffled when ``shuffle``); a file
+    that runs out leaves its slot to the next file.
+
+    Examples
+    --------
+    >>> interleave_order(np.array([0, 0, 0, 1, 1, 2]), 3, 2, 1, shuffle=False, seed=0, epoch=0).tolist()
+    [0, 3, 1, 4, 2, 5]
+    """
+    rng = np.random.default_rng([seed & (2**63 - 1), epoch, 2])
+    files = rng.permutation(n_files) if shuffle else np.arange(n_files)
+    by_file = np.argsort(file_of, kind="stable")
+    bounds = np.searchsorted(file_of[by_file], np.arange(n_files + 1))
+    queues = []
+    for k in files.tolist():
+        mine = by_file[bounds[k]:bounds[k + 1]]
+        if len(mine):
+            queues.append(rng.permutation(mine) if shuffle else mine)
+    out: list[np.ndarray] = []
+    waiting = iter(queues)
+    # tf.data's loop: a slot found at its end (or ending within a block) takes the next file
+    # and the turn passes to the next slot; a slot that ends exactly on a block finds out at
+    # its next turn.
+    slots: list[list[Any] | None] = [[q, 0] for _, q in zip(range(cycle_length), waiting)]
+    live = len(slots)
+    i = 0
+    while live:
+        slot = slots[i]
+        if slot is not None:
+            q, at = slot
+            if at < len(q):
+                out.append(q[at:at + block_length])
+                slot[1] = at + block_length
+            if at >= len(q) or slot[1] > len(q):
+                nxt = next(waiting, None)
+                slots[i] = None if nxt is None else [nxt, 0]
+                live -= nxt is None
+        i = (i + 1) % len(slots)
+    return np.concatenate(out) if out else np.zeros(0, _I64)
+
+
+def _mixed(recipes: list[Any], batch: Mapping[str, Getter], batch_size: int, *, shuffle: bool, drop_last: bool,
+           seed: int, verify: bool | str, cycle_length: int, block_length: int, num_parallel_calls: int | None,
+           deterministic: bool | None, ragged: bool, prefetch: int | None, epoch: int, file_key: str | None,
+           params: SharedParams, mask: bool) -> tf.data.Dataset:
+    """``interleave(mix="examples")``: the files as one concat, in tf.data's interleave order per epoch."""
+    dataset = FileDataset(MultiFile(recipes), batch, params=params, seed=seed, mask=mask, verify=verify)
+    if not len(dataset):
+        raise ValueError(f"interleave: none of the {len(recipes)} files has an example to serve")
+    file_of = dataset.files.file_of(dataset.example_items()).astype(_I64)
+    layout = Layout(dataset, _static_batch(batch_size, drop_last and verify != "skip"), ragged,
+                    extra=(file_key,) if file_key else ())
+    prepare_for_threads(dataset)
+    epochs = _Epochs(epoch)
+    n = len(dataset)
+    n_batches = n // batch_size if drop_last else -(-n // batch_size)
+
+    def plan(_: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        e = epochs.take()
+        order = interleave_order(file_of, len(recipes), cycle_length, block_length, shuffle=shuffle, seed=seed,
+                                 epoch=e)
+        batches = [order[i:i + batch_size] for i in range(0, n_batches * batch_size, batch_size)]
+        mat, sizes = _index_matrix(batches)
+        return mat, sizes, np.full(len(sizes), e, _I64)
+
+    def read(row: np.ndarray, size: np.ndarray, e: np.ndarray) -> list[np.ndarray]:
+        idx = row[: int(size)]
+        extra = {file_key: file_of[idx]} if file_key else None
+        return layout.arrays(dataset.fetch(idx, epoch=int(e)), extra)
+
+    def batches_of_epoch(dummy: tf.Tensor) -> tf.data.Dataset:
+        mat, sizes, es = tf.numpy_function(plan, [dummy], [tf.int64, tf.int64, tf.int64], name="h5store_plan")
+        mat.set_shape((None, None))
+        sizes.set_shape((None,))
+        es.set_shape((None,))
+        return tf.data.Dataset.from_tensor_slices((mat, sizes, es))
+
+    def fetch(row: tf.Tensor, size: tf.Tensor, e: tf.Tensor) -> dict[str, Any]:
+        arrays = tf.numpy_function(read, [row, size, e], layout.tout, name="h5store_fetch")
+        return layout.to_dict(arrays)
+
+    ds = tf.data.Dataset.range(1).flat_map(batches_of_epoch)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
+    ds = ds.map(fetch, num_parallel_calls=num_parallel_calls, deterministic=deterministic)
+    out = _finish(ds, prefetch)
+    out.h5store_skipped = lambda: dataset.skipped
+    return out

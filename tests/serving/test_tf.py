@@ -256,7 +256,7 @@ def test_interleave_every_item_once_each_file_opened_once_per_pass(eight_files: 
     sizes = [4 + 2 * k for k in range(8)]
     spec = dict(x=h5s.Item("mel"), n=h5s.Position(), t=h5s.Item("text"))
     ds = h5s.interleave(files, spec, batch_size=3, shuffle=True, cycle_length=3, num_parallel_calls=3, file_key="file",
-                        seed=5)
+                        seed=5, mix="batches")
     assert ds.element_spec["file"] == tf.TensorSpec((None,), tf.int64)
     OPENS.clear()
     CLOSES.clear()
@@ -280,7 +280,7 @@ def test_interleave_every_item_once_each_file_opened_once_per_pass(eight_files: 
     assert orders[0] != orders[1]  # the second pass is the next epoch: reshuffled
     assert LIVE["max"] >= 2  # files were read concurrently (tf.data also opens a few ahead of the cycle)
     # A loop that stops early leaves its cycle's files open until the next iteration starts.
-    one = h5s.interleave(files, spec, batch_size=1, cycle_length=3, num_parallel_calls=3, prefetch=None)
+    one = h5s.interleave(files, spec, batch_size=1, cycle_length=3, num_parallel_calls=3, prefetch=None, mix="batches")
     for _ in one.take(2):
         pass
     assert LIVE["now"] > 0
@@ -299,7 +299,7 @@ def test_interleave_paths_deterministic_and_ragged(eight_files: list[Path]) -> N
     for x, y in zip(got_a, got_b):
         assert_same(x, y)
     loose = h5s.interleave(paths, spec, batch_size=4, cycle_length=3, num_parallel_calls=3, deterministic=False,
-                           shuffle=False, ragged=True, file_key="k", drop_last=True)
+                           shuffle=False, ragged=True, file_key="k", drop_last=True, mix="batches")
     assert loose.element_spec["x"].shape.as_list() == [4, None, 8]
     seen = Counter()
     for x in loose:
