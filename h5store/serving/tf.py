@@ -445,8 +445,10 @@ class _Passes:
 
     def __init__(self, recipes: list[Any], batch: Mapping[str, Getter], layout: Layout, batch_size: int, *,
                  shuffle: bool, seed: int, drop_last: bool, bucket: bool | int | None, params: SharedParams,
-                 mask: bool, file_key: str | None, first_epoch: int, verify: bool | str = True) -> None:
+                 mask: bool, file_key: str | None, first_epoch: int, verify: bool | str = True,
+                 transform: Any = None) -> None:
         self.recipes = recipes
+        self.transform = transform
         self.batch = dict(batch)
         self.layout = layout
         self.batch_size = batch_size
@@ -476,7 +478,7 @@ class _Passes:
         """Start the pass over file ``k``: (token, number of batches)."""
         k, epoch = int(k), int(epoch)
         dataset = FileDataset(MultiFile([self.recipes[k]]), self.batch, params=self.params, seed=self.seed,
-                              mask=self.mask, verify=self.verify)
+                              mask=self.mask, verify=self.verify, transform=self.transform)
         try:
             prepare_for_threads(dataset)
             sampler = make_sampler(dataset, self.batch_size, shuffle=self.shuffle, seed=_file_seed(self.seed, k),
@@ -506,7 +508,8 @@ class _Passes:
         try:
             idx = p.batches[j]
             extra = {self.file_key: np.full(len(idx), p.k, _I64)} if self.file_key else None
-            return self.layout.arrays(p.dataset.fetch(idx, epoch=p.epoch), extra)
+            # A batch's number (what seeds its transform): its file's, then its own within the file.
+            return self.layout.arrays(p.dataset.fetch(idx, epoch=p.epoch, number=(p.k << 32) + j), extra)
         except BaseException:
             last = True
             raise
@@ -523,7 +526,7 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
                block_length: int = 1, num_parallel_calls: int | None = AUTOTUNE, deterministic: bool | None = True,
                ragged: bool = False, prefetch: int | None = AUTOTUNE, epoch: int = 0, file_key: str | None = None,
                params: Mapping[str, Any] | SharedParams | None = None, mask: bool = False,
-               bucket: bool | int | None = None, mix: str = "examples") -> tf.data.Dataset:
+               bucket: bool | int | None = None, mix: str = "examples", transform: Any = None) -> tf.data.Dataset:
     """Batches from many HDF5 files read concurrently: ``tf.data.Dataset.interleave`` over the files.
 
     ``mix="examples"`` (default): every batch mixes the files, as
@@ -571,6 +574,8 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
         made within a file).
     file_key : str, optional
         Add this key: the index in ``files`` of each example's file (int64).
+    transform : callable, optional
+        Applied to each batch in the thread that reads it, as for :func:`to_tf_dataset`.
 
     Returns
     -------
@@ -600,11 +605,13 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
         return _mixed(recipes, batch, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed, verify=verify,
                       cycle_length=int(cycle_length), block_length=int(block_length),
                       num_parallel_calls=num_parallel_calls, deterministic=deterministic, ragged=ragged,
-                      prefetch=prefetch, epoch=epoch, file_key=file_key, params=shared, mask=mask)
+                      prefetch=prefetch, epoch=epoch, file_key=file_key, params=shared, mask=mask,
+                      transform=transform)
     static = _static_batch(batch_size, drop_last)
     layout = None
     for recipe in recipes:  # the signature, from the first file with an example (opened, then closed)
-        first = FileDataset(MultiFile([recipe]), batch, params=shared, seed=seed, mask=mask, verify=verify)
+        first = FileDataset(MultiFile([recipe]), batch, params=shared, seed=seed, mask=mask, verify=verify,
+                            transform=transform)
         try:
             make_sampler(first, batch_size)  # validates batch_size
             if len(first):
@@ -616,7 +623,8 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
     if layout is None:
         raise ValueError(f"interleave: none of the {len(recipes)} files has an example to serve")
     passes = _Passes(recipes, batch, layout, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                     bucket=bucket, params=shared, mask=mask, file_key=file_key, first_epoch=epoch, verify=verify)
+                     bucket=bucket, params=shared, mask=mask, file_key=file_key, first_epoch=epoch, verify=verify,
+                     transform=transform)
 
     def files_of_epoch(dummy: tf.Tensor) -> tf.data.Dataset:
         order, es = tf.numpy_function(passes.plan, [dummy], [tf.int64, tf.int64], name="h5store_files")
@@ -692,9 +700,10 @@ def interleave_order(file_of: np.ndarray, n_files: int, cycle_length: int, block
 def _mixed(recipes: list[Any], batch: Mapping[str, Getter], batch_size: int, *, shuffle: bool, drop_last: bool,
            seed: int, verify: bool | str, cycle_length: int, block_length: int, num_parallel_calls: int | None,
            deterministic: bool | None, ragged: bool, prefetch: int | None, epoch: int, file_key: str | None,
-           params: SharedParams, mask: bool) -> tf.data.Dataset:
+           params: SharedParams, mask: bool, transform: Any = None) -> tf.data.Dataset:
     """``interleave(mix="examples")``: the files as one concat, in tf.data's interleave order per epoch."""
-    dataset = FileDataset(MultiFile(recipes), batch, params=params, seed=seed, mask=mask, verify=verify)
+    dataset = FileDataset(MultiFile(recipes), batch, params=params, seed=seed, mask=mask, verify=verify,
+                          transform=transform)
     if not len(dataset):
         raise ValueError(f"interleave: none of the {len(recipes)} files has an example to serve")
     file_of = dataset.files.file_of(dataset.example_items()).astype(_I64)
@@ -705,28 +714,28 @@ def _mixed(recipes: list[Any], batch: Mapping[str, Getter], batch_size: int, *, 
     n = len(dataset)
     n_batches = n // batch_size if drop_last else -(-n // batch_size)
 
-    def plan(_: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def plan(_: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         e = epochs.take()
         order = interleave_order(file_of, len(recipes), cycle_length, block_length, shuffle=shuffle, seed=seed,
                                  epoch=e)
         batches = [order[i:i + batch_size] for i in range(0, n_batches * batch_size, batch_size)]
         mat, sizes = _index_matrix(batches)
-        return mat, sizes, np.full(len(sizes), e, _I64)
+        return mat, sizes, np.full(len(sizes), e, _I64), np.arange(len(sizes), dtype=_I64)
 
-    def read(row: np.ndarray, size: np.ndarray, e: np.ndarray) -> list[np.ndarray]:
+    def read(row: np.ndarray, size: np.ndarray, e: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
         idx = row[: int(size)]
         extra = {file_key: file_of[idx]} if file_key else None
-        return layout.arrays(dataset.fetch(idx, epoch=int(e)), extra)
+        return layout.arrays(dataset.fetch(idx, epoch=int(e), number=int(k)), extra)
 
     def batches_of_epoch(dummy: tf.Tensor) -> tf.data.Dataset:
-        mat, sizes, es = tf.numpy_function(plan, [dummy], [tf.int64, tf.int64, tf.int64], name="h5store_plan")
+        mat, sizes, es, ks = tf.numpy_function(plan, [dummy], [tf.int64] * 4, name="h5store_plan")
         mat.set_shape((None, None))
-        sizes.set_shape((None,))
-        es.set_shape((None,))
-        return tf.data.Dataset.from_tensor_slices((mat, sizes, es))
+        for t in (sizes, es, ks):
+            t.set_shape((None,))
+        return tf.data.Dataset.from_tensor_slices((mat, sizes, es, ks))
 
-    def fetch(row: tf.Tensor, size: tf.Tensor, e: tf.Tensor) -> dict[str, Any]:
-        arrays = tf.numpy_function(read, [row, size, e], layout.tout, name="h5store_fetch")
+    def fetch(row: tf.Tensor, size: tf.Tensor, e: tf.Tensor, k: tf.Tensor) -> dict[str, Any]:
+        arrays = tf.numpy_function(read, [row, size, e, k], layout.tout, name="h5store_fetch")
         return layout.to_dict(arrays)
 
     ds = tf.data.Dataset.range(1).flat_map(batches_of_epoch)

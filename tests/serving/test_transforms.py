@@ -345,3 +345,18 @@ def test_max_frames_with_windows(speech) -> None:
         seen.extend(b["pos"].tolist())
     assert sorted(seen) == list(range(len(speech)))
     assert max(len(b["pos"]) for b in loader) >= 5
+
+
+@pytest.mark.parametrize("mix", ["examples", "batches"])
+def test_interleave_applies_the_transform_reproducibly(shard_paths, mix: str) -> None:
+    pytest.importorskip("tensorflow")
+    batch = dict(x=h5s.Item("mel"), pos=h5s.Position())
+    kw = dict(batch_size=3, shuffle=True, seed=2, mix=mix, transform=speech_transform(), cycle_length=2,
+              num_parallel_calls=2)
+    a = [{k: v.numpy() for k, v in b.items()} for b in h5s.interleave([str(p) for p in shard_paths], batch, **kw)]
+    b = [{k: v.numpy() for k, v in b.items()} for b in h5s.interleave([str(p) for p in shard_paths], batch, **kw)]
+    assert len(a) == len(b) > 3 and all("r" in x for x in a)
+    for x, y in zip(a, b):
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k])
+    assert len({float(x["r"][0]) for x in a}) == len(a)  # each batch its own draws
