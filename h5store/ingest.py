@@ -64,7 +64,7 @@ from h5store.journal import journal_path
 from h5store.pio import fsync_dir, fsync_file
 from h5store.refs import normalize_id
 from h5store.schema import Feature, Source
-from h5store.sources import expand_sources, source_id
+from h5store.sources import check_paths, expand_sources, source_id
 
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
@@ -157,6 +157,7 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         # would leave the file it names stale and turn the link into a file of its own.
         path = os.path.realpath(path)
     n_workers = n_workers or len(os.sched_getaffinity(0))
+    check_paths(sources)  # values in memory are not sources: the message says to extend()
     declared = {n: f for n, f in cls.schema.groups[""].items() if f.pattern is not None or type(f).accepts is not Feature.accepts}
     if not declared:
         raise SourceError(f"{cls.__name__} has no feature that loads sources (give a feature a pattern)")

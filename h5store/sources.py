@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import glob
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from h5store.errors import SourceError
@@ -68,6 +69,31 @@ def _read_manifest(path: str) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
+_IN_MEMORY = ("create() reads sources from disk (a folder, a glob, a CSV manifest or a list of paths); to store "
+              "values you already hold in memory, open the file for writing and extend it: "
+              "`with MyFile(path, mode='w') as f: f.extend({id: {feature: value, ...}, ...})`")
+
+
+def check_paths(sources: Any) -> list[Any]:
+    """``sources`` as a list of paths, or :class:`~h5store.errors.SourceError` saying what to do instead.
+
+    Values held in memory (a dict of id -> values, arrays) are not sources: the message
+    points to ``extend``.
+
+    Examples
+    --------
+    >>> check_paths("wavs/")
+    ['wavs/']
+    """
+    if isinstance(sources, Mapping):
+        raise SourceError(f"sources is a {type(sources).__name__} of {len(sources)} entries: {_IN_MEMORY}")
+    entries = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    for s in entries:
+        if not isinstance(s, (str, os.PathLike)):
+            raise SourceError(f"a source is a {type(s).__name__}, not a path: {_IN_MEMORY}")
+    return entries
+
+
 def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source], str]:
     """Expand ``sources`` into sorted :class:`Source` objects and their common root.
 
@@ -79,7 +105,7 @@ def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source],
     items: list[tuple[str, dict[str, str]]] = []
     dirs: set[str] = set()
     roots: list[str] = []
-    entries = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    entries = check_paths(sources)
     for s in entries:
         s = os.fspath(s)
         if not os.path.exists(s) and not _is_glob(s) and (len(entries) == 1 or not os.path.splitext(s)[1]):

@@ -243,6 +243,15 @@ def test_a_missing_source_folder_says_so(tmp_path):
     assert not (tmp_path / "x.h5").exists()
 
 
+def test_values_in_memory_given_as_sources_point_to_extend(tmp_path):
+    """h5mapper users hand create() the data they hold: the message says to extend() instead."""
+    items = {"a": {"x": np.ones((2, 2)), "y": 1}}
+    for sources, says in ((items, "sources is a dict of 1 entries"), ([np.ones(3)], "a source is a ndarray")):
+        with pytest.raises(h5s.SourceError, match=says + r".*f\.extend\(\{id: \{feature: value"):
+            Pairs.create(tmp_path / "x.h5", sources, n_workers=1, progress=False)
+    assert not (tmp_path / "x.h5").exists()
+
+
 def test_cli_missing_folder_is_one_line(tmp_path):
     import subprocess
     import sys
