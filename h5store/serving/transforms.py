@@ -143,6 +143,13 @@ def _range(value: float | tuple[float, float], what: str) -> tuple[float, float]
 
 
 # ----------------------------------------------------------------------------- base classes
+class _NoKey(KeyError):
+    """A transform names a key the batch does not have (the message says which keys it has)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class Transform(ABC):
     """A batch transform with randomness from the generator the serving engine gives it.
 
@@ -166,7 +173,14 @@ class Transform(ABC):
     """
 
     def __call__(self, batch: Mapping[str, Any], rng: np.random.Generator | None = None) -> Any:
-        return self.apply(batch, np.random.default_rng() if rng is None else rng)
+        try:
+            return self.apply(batch, np.random.default_rng() if rng is None else rng)
+        except KeyError as e:
+            key = e.args[0] if e.args else None
+            if isinstance(key, str) and key not in batch and not isinstance(e, _NoKey):
+                raise _NoKey(f"{self!r}: the batch has no key {key!r} (its keys: {', '.join(map(str, batch))}); "
+                             "name a key of the batch dict given to serve()") from None
+            raise
 
     @abstractmethod
     def apply(self, batch: Mapping[str, Any], rng: np.random.Generator) -> Any:

@@ -360,3 +360,9 @@ def test_interleave_applies_the_transform_reproducibly(shard_paths, mix: str) ->
         for k in x:
             np.testing.assert_array_equal(x[k], y[k])
     assert len({float(x["r"][0]) for x in a}) == len(a)  # each batch its own draws
+
+
+def test_a_transform_naming_a_missing_key_says_which_keys_there_are(speech) -> None:
+    loader = speech.serve(dict(x=h5s.Item("mel")), 4, transform=T.Compose([T.Gain("mel")]))
+    with pytest.raises(KeyError, match=r"Gain\(key='mel'.*no key 'mel' \(its keys: x, x_lengths\)"):
+        next(iter(loader))
