@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
+import weakref
 
 import h5py
 import numpy as np
@@ -22,6 +24,32 @@ __all__ = ["DirectReader"]
 # a numpy slice copy costs less per call than preadv and its Python bookkeeping, and copies
 # at least as fast. numpy releases the GIL for such copies, so threads still read in parallel.
 MAP_MAX_BYTES = 64 << 20
+
+
+#: This process's mappings, one per file (``(pid, device, inode)``), shared by the readers of
+#: its datasets; each goes when the last reader holding it lets go.
+_MAPPINGS: weakref.WeakValueDictionary[tuple[int, int, int], np.ndarray] = weakref.WeakValueDictionary()
+_MAPPINGS_LOCK = threading.Lock()
+
+
+def _shared_mapping(fd: int, size: int, need: int) -> np.ndarray | None:
+    """A read-only mapping of the whole file ``fd`` (``size`` bytes, at least ``need``), shared
+    by this process's readers of the file; None when mapping fails (``ENOMEM`` under an
+    address-space limit such as ``ulimit -v``): the caller reads with ``preadv`` instead."""
+    st = os.fstat(fd)
+    key = (os.getpid(), st.st_dev, st.st_ino)
+    with _MAPPINGS_LOCK:
+        m = _MAPPINGS.get(key)
+        if m is not None and len(m) >= need:
+            return m
+        try:
+            # Maps the whole file as it is now; a writer's later appends are mapped when a
+            # read needs them. The old mapping is unmapped when no copy holds it any more.
+            m = np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), dtype=np.uint8)
+        except (OSError, ValueError):
+            return None
+        _MAPPINGS[key] = m
+        return m
 
 
 class DirectReader(PerProcessFile, ReaderBase):
@@ -102,18 +130,19 @@ class DirectReader(PerProcessFile, ReaderBase):
         self._map = None  # unmapped once no copy in flight (another thread's) holds it
         super().close()
 
-    def _mapping(self, fd: int, need: int) -> np.ndarray:
+    def _mapping(self, fd: int, need: int) -> np.ndarray | None:
         """This process's mapping of the file, covering byte ``need``; checked against the
-        file's size first (a read past the end of a mapping would be SIGBUS, not an error)."""
+        file's size first (a read past the end of a mapping would be SIGBUS, not an error).
+        None where the file cannot be mapped (an address-space limit): read with preadv."""
         size = os.fstat(fd).st_size
         if size < need:
             raise CorruptRecordError(f"{self.where}: the file ends at byte {size}, before byte {need} of the data: "
                                      "the file is truncated")
         m = self._map
         if m is None or self._map_pid != os.getpid() or len(m) < need:
-            # Maps the whole file as it is now; a writer's later appends are mapped when a
-            # read needs them. The old mapping is unmapped when no copy holds it any more.
-            m = np.frombuffer(mmap.mmap(fd, size, prot=mmap.PROT_READ), dtype=np.uint8)
+            m = _shared_mapping(fd, size, need)
+            if m is None:
+                return None
             self._map, self._map_pid = m, os.getpid()
         return m
 
@@ -160,10 +189,11 @@ class DirectReader(PerProcessFile, ReaderBase):
         if inside.all() and int(nbytes.max()) <= MAP_MAX_BYTES and out.flags.c_contiguous:
             # A numpy copy per range from the mapping: no system call per range.
             m = self._mapping(self._file(), int((byte + nbytes).max()))
-            flat = out.reshape(-1).view(np.uint8)
-            for d, o, n in zip(at_out.tolist(), byte.tolist(), nbytes.tolist()):
-                flat[d : d + n] = m[o : o + n]
-            return
+            if m is not None:
+                flat = out.reshape(-1).view(np.uint8)
+                for d, o, n in zip(at_out.tolist(), byte.tolist(), nbytes.tolist()):
+                    flat[d : d + n] = m[o : o + n]
+                return
         if len(byte) > 1:
             order = np.argsort(byte, kind="stable")
             byte, inside, nbytes, at_out = byte[order], inside[order], nbytes[order], at_out[order]

@@ -145,6 +145,8 @@ def choose_reader(ds: h5py.Dataset, path: str, where: str, writable: bool) -> Re
         if reader is None:
             reader = ChunkReader.for_dataset(ds, path, where, via_hdf5=writable)
     except (RuntimeError, OSError) as e:  # h5py's text for a damaged chunk B-tree
+        if "memory allocation failed" in str(e):  # out of memory (an address-space limit), not damage
+            raise MemoryError(f"{where}: HDF5 could not allocate memory to read the chunk table ({e})") from None
         raise CorruptRecordError(f"{where}: unreadable chunk table ({e})") from None
     return reader if reader is not None else H5Reader(ds)
 

@@ -383,6 +383,9 @@ class EncodedFrames(Feature):
             self.decode_into(raw[k], out[k])
         return out
 
+    def display_kind(self) -> str:
+        return "frames"
+
 
 def _fast(data: Any, what: str, min_size: tuple[int, int] | None = None) -> np.ndarray:
     """A stored JPEG (or PNG) decoded by :mod:`h5store.jpeg`; corrupt data raises SchemaError naming ``what``."""
@@ -392,9 +395,6 @@ def _fast(data: Any, what: str, min_size: tuple[int, int] | None = None) -> np.n
         return jpeg.decode(data, min_size=min_size)
     except ValueError as e:
         raise SchemaError(f"{what}: not a decodable image ({e})") from None
-
-    def display_kind(self) -> str:
-        return "frames"
 
 
 def _fmt(shape: tuple[int, int, int]) -> str:

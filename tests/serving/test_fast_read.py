@@ -257,6 +257,43 @@ def test_the_mapping_follows_a_growing_file_and_refuses_a_short_one(tmp_path: Pa
     assert reader._map is None
 
 
+def test_readers_of_one_file_share_one_mapping(chunky: Path) -> None:
+    """Every feature's reader maps the file once per process, not once per dataset."""
+    with h5s.open(chunky) as f:
+        ds = FileDataset(f, dict(x=h5s.Item("mel"), m=h5s.Item("mag"), e=h5s.Item("emb")))
+        ds.fetch(np.arange(8))
+        maps = {id(r._map) for r in (ds.files.column(0, n).reader() for n in ("mel", "mag", "emb"))
+                if isinstance(r, DirectReader) and r._map is not None}
+        assert len(maps) == 1
+
+
+def test_reads_work_under_an_address_space_limit(chunky: Path, tmp_path: Path) -> None:
+    """``ulimit -v`` (RLIMIT_AS) below what mapping the file needs: reads fall back to preadv."""
+    big = tmp_path / "big.h5"
+    with Chunky(big, mode="w") as f:  # 96 MiB of mel: more than the limit leaves free
+        f.extend([(f"b{i}", {"mel": np.full((300_000, 8), i, "float32"), "mag": np.zeros((1, 3), "float32"),
+                             "emb": np.zeros(5), "label": i}) for i in range(10)])
+    code = f"""
+import resource, numpy as np, h5store as h5s
+from h5store.serving import FileDataset
+f = h5s.open({str(big)!r})
+ds = FileDataset(f, dict(x=h5s.Item("mel")))
+reader = ds.files.column(0, "mel").reader()  # chosen (HDF5 gave the chunk table): nothing mapped yet
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (48 << 20), vm + (48 << 20)))
+for i in range(10):
+    b = ds.fetch([i])
+    assert b["x"].shape == (1, 300_000, 8) and (b["x"] == i).all(), i
+assert reader._map is None  # the mapping was refused: every read went through preadv
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
 # --------------------------------------------------------------------------- the pieces
 def test_batch_pool_reuses_a_buffer_only_once_it_is_garbage() -> None:
     pool = BatchPool(keep=2)
