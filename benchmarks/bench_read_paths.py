@@ -61,7 +61,7 @@ QUICK = Config(n_items=200, repeat=1, min_batches=10, min_seconds=0.05, max_seco
 
 def stack_collate(items: list[torch.Tensor]) -> dict[str, torch.Tensor]:
     """R's collate for fixed-size windows: one ``np.stack``."""
-    return {"x": torch.from_numpy(np.stack([t.numpy() for t in items]))}
+    return {"x": torch.from_numpy(np.stack([np.asarray(t) for t in items]))}
 
 
 def build(tmp: str, n: int) -> tuple[str, str, np.ndarray]:
