@@ -21,8 +21,12 @@ class Batch(dict):  # type: ignore[type-arg]
     """A collated batch: key -> numpy array (batch on axis 0) or list.
 
     :meth:`FileDataset.__getitems__ <h5store.serving.FileDataset.__getitems__>` returns
-    one; ``collate_fn=dataset.collate`` turns it into torch tensors.
+    one; ``collate_fn=dataset.collate`` turns it into torch tensors. ``owned`` names the
+    keys whose arrays belong to this batch alone (fresh buffers the built-in getters made
+    for it): the built-in transforms change those in place instead of copying.
     """
+
+    owned: frozenset[str] = frozenset()
 
 
 def lengths_mask(lengths: np.ndarray, width: int) -> np.ndarray:

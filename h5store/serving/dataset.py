@@ -35,6 +35,16 @@ def _check_transform(fn: Any) -> None:
         raise TypeError(f"transform must be a callable taking a batch (a dict of arrays) and returning one, got {fn!r}")
 
 
+#: h5store's getters whose values are buffers made for each batch (not a user's subclass).
+_FRESH = ("Item", "Window", "Frames", "Clips", "ImageCrop")
+
+
+def _builtin(getter: Any) -> bool:
+    """Whether ``getter``'s values are fresh buffers of the batch (one of :data:`_FRESH`, exactly)."""
+    t = type(getter)
+    return getter is not None and t.__module__ == "h5store.serving.getters" and t.__name__ in _FRESH
+
+
 def _indices_key(idx: np.ndarray) -> int:
     """A batch number for indices from a sampler of the user's: a hash of the indices."""
     import zlib
@@ -309,6 +319,10 @@ class FileDataset:
                 number = getattr(indices, "batch", -1)
             if number is None or number < 0:  # a sampler of your own: the batch is known by its indices
                 number = _indices_key(idx)
+            # Values of the built-in getters are buffers made for this batch: transforms may
+            # change them in place (a getter of the user's may return arrays it keeps).
+            batch.owned = frozenset(k for k in batch if _builtin(self.getters.get(k.removesuffix("_lengths")
+                                                                                   .removesuffix("_mask"))))
             out = apply_transform(transform, batch, batch_rng(self.seed, int(epoch), int(number)))
             batch = out if isinstance(out, Batch) else Batch(out)
         return batch, ragged

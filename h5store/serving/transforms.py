@@ -130,7 +130,17 @@ def _out(batch: Mapping[str, Any], **changed: Any) -> Any:
     out = type(batch)() if isinstance(batch, dict) else {}
     out.update(batch)
     out.update(changed)
+    owned = getattr(batch, "owned", None)
+    if owned:
+        out.owned = owned | set(changed)  # the arrays made here are the batch's own too
     return out
+
+
+def _in_place(batch: Mapping[str, Any], key: str) -> bool:
+    """Whether ``batch[key]`` may be changed in place: a writable numpy array the batch owns
+    (a buffer the serving engine's getters made for it). Anything else is copied, never changed."""
+    x = batch[key]
+    return key in getattr(batch, "owned", ()) and isinstance(x, np.ndarray) and x.flags.writeable
 
 
 def _range(value: float | tuple[float, float], what: str) -> tuple[float, float]:
@@ -156,8 +166,9 @@ class Transform(ABC):
     Subclass and define ``apply(batch, rng)``: ``batch`` maps keys to arrays (numpy, or
     torch tensors) with ``{key}_lengths`` beside padded values; draw every random number
     from ``rng`` (a :class:`numpy.random.Generator` seeded from ``(seed, epoch, batch)``)
-    and return the new batch (do not modify the arrays in place: they may be views of
-    shared buffers). A transform must pickle (workers receive a copy).
+    and return the new batch. Do not modify an array in place unless its key is in
+    ``batch.owned`` and it is writable (a buffer the serving engine's getters made for this
+    batch): others may be views of shared or mapped memory, or a getter's own arrays. A transform must pickle (workers receive a copy).
 
     Examples
     --------
@@ -247,7 +258,11 @@ class Gain(Transform):
         db = rng.uniform(self.min_db, self.max_db, size=x.shape[0])
         db = np.where(rng.random(x.shape[0]) < self.p, db, 0.0)
         factor = 10.0 ** (db / (10.0 if self.power else 20.0))
-        return _out(batch, **{self.key: x * _like(x, _expand(factor, x.ndim))})
+        f = _like(x, _expand(factor, x.ndim))
+        if _in_place(batch, self.key):
+            np.multiply(x, f, out=x)
+            return _out(batch)
+        return _out(batch, **{self.key: x * f})
 
 
 class _NoiseFile:
@@ -366,8 +381,11 @@ class AddNoise(Transform):
         p_noise = (noise**2).sum(axis=(1, 2))
         scale = np.sqrt(np.divide(p_sig, p_noise * 10.0 ** (snr / 10.0), out=np.zeros(b), where=p_noise > 0))
         scale = np.where(on, scale, 0.0)
-        added = (noise * scale[:, None, None]).reshape(xs.shape)
-        return _out(batch, **{self.key: x + _like(x, added)})
+        added = _like(x, (noise * scale[:, None, None]).reshape(xs.shape))
+        if _in_place(batch, self.key):
+            np.add(x, added, out=x)
+            return _out(batch)
+        return _out(batch, **{self.key: x + added})
 
 
 class TimeShift(Transform):
@@ -449,6 +467,9 @@ class _Masks(Transform):
             masked |= (pos >= start[:, None]) & (pos < (start + w)[:, None])
         shape = (b, size, 1) if self.axis == 1 else (b, 1, size)
         fill = x.new_full((), self.value) if _is_torch(x) else x.dtype.type(self.value)
+        if _in_place(batch, self.key):
+            np.copyto(x, fill, where=masked.reshape(shape))
+            return _out(batch)
         out = _where(masked.reshape(shape), fill, x)
         return _out(batch, **{self.key: out})
 

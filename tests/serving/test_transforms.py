@@ -366,3 +366,34 @@ def test_a_transform_naming_a_missing_key_says_which_keys_there_are(speech) -> N
     loader = speech.serve(dict(x=h5s.Item("mel")), 4, transform=T.Compose([T.Gain("mel")]))
     with pytest.raises(KeyError, match=r"Gain\(key='mel'.*no key 'mel' \(its keys: x, x_lengths\)"):
         next(iter(loader))
+
+
+def test_in_place_only_on_the_batch_own_buffers(speech) -> None:
+    """Served batches are changed in place (no copy); arrays of anyone else never are."""
+    class Keep(h5s.Getter):  # a user's getter that returns an array it keeps
+        features = ("mel",)
+
+        def __init__(self) -> None:
+            self.const = np.ones((64, 2), np.float32)
+
+        def fetch(self, files, request):
+            return self.const[: len(request)]
+
+        def signature(self, files):
+            return np.dtype("float32"), (2,)
+
+    keep = Keep()
+    ds = h5s.serving.FileDataset(speech, dict(x=h5s.Item("mel"), k=keep),
+                                 transform=T.Compose([T.Gain("x", 6, 6), T.Gain("k", 6, 6), T.FreqMask("x", 3)]))
+    plain = h5s.serving.FileDataset(speech, dict(x=h5s.Item("mel")))
+    b = ds.fetch(np.arange(4))
+    ref = plain.fetch(np.arange(4))
+    assert "x" in b.owned  # (and "k" since Gain made it a new array of the batch)
+    np.testing.assert_allclose(b["k"], 10 ** (6 / 20), rtol=1e-6)
+    assert (keep.const == 1).all()  # the getter's own array was copied, not changed
+    gain = 10 ** (6 / 20)
+    kept = b["x"] != 0
+    np.testing.assert_allclose(b["x"][kept], (ref["x"] * gain)[kept], rtol=1e-5)
+    batch = {"x": np.ones((2, 3, 4), np.float32)}  # a batch of the user's: never changed
+    T.Compose([T.Gain("x", 6, 6), T.TimeMask("x", 2)])(batch, rng=batch_rng(0, 0, 0))
+    assert (batch["x"] == 1).all()
