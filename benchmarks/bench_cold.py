@@ -146,13 +146,21 @@ def measure(path: Path, cfg: Config, residual: list[float]) -> dict[str, C.Timin
     loaders: dict[str, Any] = {}
 
     def make(order: Any, w: int) -> Any:
-        extra = dict(persistent_workers=True) if w else {}
-        return f.serve(dict(x=h5s.Item("mel")), BATCH, shuffle=order, num_workers=w, **extra)
+        # Workers end with each epoch: a process that maps the file keeps its pages resident
+        # (POSIX_FADV_DONTNEED leaves mapped pages alone), so none may outlive a run.
+        return f.serve(dict(x=h5s.Item("mel")), BATCH, shuffle=order, num_workers=w)
+
+    def release() -> None:
+        """Every loader's readers closed in this process: their mapping of the file goes."""
+        for lo in loaders.values():
+            lo.dataset.close()
+        gc.collect()
 
     def run_loader(name: str, order: Any, w: int) -> Callable[[], C.Run]:
         def run() -> C.Run:
             if name not in loaders:
                 loaders[name] = make(order, w)
+            release()
             evict(path)
             residual.append(resident_fraction(path))  # the eviction held, open loaders and all
             return C.time_batches(lambda: loaders[name], min_seconds=0.0, max_seconds=cfg.max_seconds,
@@ -161,6 +169,7 @@ def measure(path: Path, cfg: Config, residual: list[float]) -> dict[str, C.Timin
         return run
 
     def run_seq() -> C.Run:
+        release()
         evict(path)
         residual.append(resident_fraction(path))
         return sequential_read(path)
