@@ -20,7 +20,7 @@ Module map::
     samplers.py  BatchSampler, BucketBatchSampler, QuasiRandomBatchSampler, DurationBatchSampler:
                  epochs, ranks, resumable state
     transforms.py  batch augmentations (Gain, AddNoise, SpecAugment, Mixup...), seeded per batch
-    shared.py    SharedParams, SharedArray, SharedObject in /dev/shm (no Manager, no copies)
+    shared.py    SharedParams and SharedArray in /dev/shm (no Manager, no copies)
     loader.py    serve() and Loader (imports torch)
     numpy_iter.py  iter_batches(): batches read ahead by threads, numpy only (JAX, plain loops)
     tf.py        to_tf_dataset() and interleave(): tf.data pipelines (imports tensorflow)
@@ -57,7 +57,7 @@ from h5store.serving.samplers import (
     EpochIndices,
     QuasiRandomBatchSampler,
 )
-from h5store.serving.shared import SharedArray, SharedObject, SharedParams
+from h5store.serving.shared import SharedArray, SharedParams
 
 __all__ = [
     "Batch",
@@ -83,7 +83,6 @@ __all__ = [
     "QuasiRandomBatchSampler",
     "Request",
     "SharedArray",
-    "SharedObject",
     "SharedParams",
     "Window",
     "concat",

@@ -18,7 +18,7 @@ from h5store.errors import SchemaError
 from h5store.serving.collate import Batch, lengths_mask, pad_collate_numpy, to_torch
 from h5store.serving.files import FileSet, split_name
 from h5store.serving.getters import Getter, Item, Padded, Request, Window
-from h5store.serving.shared import _EPOCH, SharedFlags, SharedObject, SharedParams
+from h5store.serving.shared import _EPOCH, SharedFlags, SharedParams
 from h5store.serving.transforms import apply_transform, batch_rng
 
 __all__ = ["CorruptRecordWarning", "FileDataset"]
@@ -128,7 +128,8 @@ class FileDataset:
             g.check(self.files)
         self.params = params if isinstance(params, SharedParams) else SharedParams(dict(params or {}))
         _check_transform(transform)
-        self._transform = SharedObject(transform)
+        self._transform = transform
+        self._transform_version = 0
         self.seed = int(seed)
         self.mask = bool(mask)
         self.features = sorted({split_name(n)[1] for g in self.getters.values() for n in g.features})
@@ -267,17 +268,23 @@ class FileDataset:
 
     @property
     def transform(self) -> Any:
-        """The batch transform (None: none). Assigning one reaches every process reading this
-        dataset (DataLoader workers, persistent or not, under fork, spawn and forkserver) at
-        the next batch it builds: batches already built or being built (up to
-        ``prefetch_factor * num_workers`` of them) keep the transform they were built with.
+        """The batch transform (None: none). Assign it through the loader of
+        :func:`~h5store.serving.serve` (``loader.transform = fn``) to reach running workers:
+        the new transform travels with the indices of the next batches its sampler hands out
+        (see :meth:`~h5store.serving.samplers.EpochIndices`); nothing is read from a file.
         """
-        return self._transform.get()
+        return self._transform
 
     @transform.setter
     def transform(self, fn: Any) -> None:
         _check_transform(fn)
-        self._transform.set(fn)
+        self._transform = fn
+        self._transform_version += 1
+
+    @property
+    def transform_version(self) -> int:
+        """Counts the assignments of :attr:`transform` (what a sampler compares to carry a new one)."""
+        return self._transform_version
 
     # -- reading -----------------------------------------------------------------------
     def fetch(self, indices: Iterable[int] | np.ndarray, epoch: int | None = None, number: int | None = None) -> Batch:
@@ -313,7 +320,10 @@ class FileDataset:
             batch, ragged = self._fetch_skipping(idx, items, subs, int(epoch))
         else:
             batch, ragged = self._read(idx, items, subs, int(epoch))
-        transform = self._transform.get()
+        carried = getattr(indices, "transform", None)  # (version, transform) sent with the indices
+        if carried is not None and carried[0] > self._transform_version:
+            self._transform_version, self._transform = carried
+        transform = self._transform
         if transform is not None:
             if number is None:
                 number = getattr(indices, "batch", -1)

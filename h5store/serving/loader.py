@@ -350,6 +350,8 @@ class Loader(DataLoader):
         bs = self.batch_sampler
         if isinstance(bs, _EpochBatches):
             bs._counted = True
+            if isinstance(dataset, FileDataset) and self.num_workers:
+                bs.follow(dataset, 2 * self.num_workers)  # a new transform reaches every worker
             # DataLoader forbids setting `sampler` after __init__; it is unused when a
             # batch_sampler is given, so it may name the same object.
             object.__setattr__(self, "sampler", bs)
@@ -363,9 +365,10 @@ class Loader(DataLoader):
         """The batch transform the workers apply (see :attr:`FileDataset.transform`).
 
         ``loader.transform = new`` in the training loop reaches every worker, persistent
-        or not, under fork, spawn and forkserver: each batch a worker builds after the
-        assignment uses ``new``. The batches already prefetched (at most
-        ``prefetch_factor * num_workers``) were built with the old one.
+        or not, under fork, spawn and forkserver: it travels with the indices of the next
+        batches the sampler hands out (DataLoader's own index queue, at least one batch per
+        worker), so every batch dispatched after the assignment uses ``new``. The batches
+        already dispatched (at most ``prefetch_factor * num_workers``) keep the old one.
         """
         return self.dataset.transform
 

@@ -49,6 +49,9 @@ class EpochIndices(list):  # type: ignore[type-arg]
 
     epoch: int
     batch: int
+    #: ``(version, transform)`` when a new batch transform rides with these indices to the
+    #: worker that reads them (see :meth:`_EpochBatches.follow`), else None.
+    transform: tuple[int, Any] | None = None
 
     def __init__(self, indices: Any, epoch: int, batch: int = -1) -> None:
         super().__init__(indices)
@@ -56,7 +59,7 @@ class EpochIndices(list):  # type: ignore[type-arg]
         self.batch = batch
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (EpochIndices, (list(self), self.epoch, self.batch))
+        return (EpochIndices, (list(self), self.epoch, self.batch), {"transform": self.transform})
 
 
 class _EpochBatches:
@@ -75,6 +78,27 @@ class _EpochBatches:
         self._yielded = 0
         self._delivered = 0
         self._counted = False  # True when a loader reports delivered batches (see loader.py)
+        self._followed: Any = None  # a dataset whose transform rides with the indices
+        self._carry_seen = 0
+        self._carry_left = 0
+        self._spread = 1
+
+    def follow(self, dataset: Any, spread: int) -> None:
+        """Carry ``dataset``'s transform with the indices once it changes: the next ``spread``
+        batches handed out (at least one per DataLoader worker, which torch serves round
+        robin) take ``(version, transform)`` along, through the DataLoader's own index queue."""
+        self._followed, self._spread = dataset, max(1, int(spread))
+        self._carry_seen = dataset.transform_version
+
+    def _carry(self, out: EpochIndices) -> None:
+        d = self._followed
+        if d is None:
+            return
+        if d.transform_version != self._carry_seen:
+            self._carry_seen, self._carry_left = d.transform_version, self._spread
+        if self._carry_left:
+            self._carry_left -= 1
+            out.transform = (d.transform_version, d.transform)
 
     # -- subclass hooks ----------------------------------------------------------------
     def batches(self, epoch: int) -> list[np.ndarray]:
@@ -96,7 +120,9 @@ class _EpochBatches:
         self._yielded = self._delivered = skip
         for k, b in enumerate(batches[skip:], start=skip):
             self._yielded += 1
-            yield EpochIndices(b.tolist(), epoch, k)
+            out = EpochIndices(b.tolist(), epoch, k)
+            self._carry(out)
+            yield out
 
     def __len__(self) -> int:
         return len(self.batches(0))

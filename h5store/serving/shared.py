@@ -10,9 +10,6 @@ Objects backed by a file in ``/dev/shm`` that every process maps:
   (``in_memory=True`` serving). Forked *and* spawned workers map the same pages, so N
   workers hold one copy, unlike ``driver="core"`` which loads the file once per process.
 
-* :class:`SharedObject` - one picklable object (a batch transform) that the main process
-  replaces during training; every worker picks the new one up at its next batch.
-
 All pickle as their path (never their bytes). The process that created the file removes
 it when the object is garbage collected or at interpreter exit; a process killed with
 SIGKILL leaves it behind in ``/dev/shm`` (named ``h5store-*``), where it can be deleted.
@@ -30,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SharedArray", "SharedFlags", "SharedObject", "SharedParams", "shm_dir"]
+__all__ = ["SharedArray", "SharedFlags", "SharedParams", "shm_dir"]
 
 _EPOCH = "_epoch"  # reserved slot: the epoch a batch without its own epoch is drawn from
 
@@ -390,95 +387,3 @@ class SharedFlags:
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"{self.path}: shared flags are gone (the process that created them ended)")
 
-
-_HEADER = 16  # int64 version (odd while written), int64 payload bytes
-
-
-class SharedObject:
-    """One object shared by pickling: the main process replaces it, every process reads the latest.
-
-    Backed by a file in ``/dev/shm``: a version counter, the payload's size and the pickled
-    object. :meth:`set` pickles the object once into the block (a sequence lock, as
-    :class:`SharedParams`); :meth:`get` costs one memory load when nothing changed and
-    unpickles the new object once per process when it did. No Manager, no round trip per
-    batch. Under fork, spawn and forkserver alike (it pickles as its path).
-
-    Parameters
-    ----------
-    value : object
-        The first value (must pickle).
-    capacity : int
-        Most bytes the pickled value may take (the file is sparse: pages are used only
-        when written).
-
-    Examples
-    --------
-    >>> s = SharedObject(None)
-    >>> s.set({"gain": 3}); s.get()
-    {'gain': 3}
-    """
-
-    def __init__(self, value: Any = None, capacity: int = 4 << 20) -> None:
-        self.capacity = int(capacity)
-        self.path = _new_file("h5store-object-", _HEADER + self.capacity)
-        self._finalizer = weakref.finalize(self, _unlink, self.path, os.getpid())
-        self._map()
-        self.set(value)
-
-    def _map(self) -> None:
-        with open(self.path, "r+b") as fh:
-            self._mm = mmap.mmap(fh.fileno(), _HEADER + self.capacity)
-        self._head = memoryview(self._mm)[:_HEADER].cast("q")
-        self._seen = -1
-        self._value: Any = None
-
-    def set(self, value: Any) -> None:
-        """Replace the value for every process (from the next :meth:`get` on)."""
-        import pickle
-
-        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        if len(data) > self.capacity:
-            raise ValueError(f"the object pickles to {len(data)} bytes, more than the {self.capacity} this shared slot "
-                             "holds: keep large data (noise recordings, tables) in files the object names")
-        head = self._head
-        head[0] += 1  # odd: being written
-        self._mm[_HEADER : _HEADER + len(data)] = data
-        head[1] = len(data)
-        head[0] += 1  # even: done
-        self._seen, self._value = int(head[0]), value
-
-    def get(self) -> Any:
-        """The latest value (unpickled again only after a :meth:`set`)."""
-        head = self._head
-        v = head[0]
-        if v == self._seen:
-            return self._value
-        import pickle
-
-        while True:
-            if v & 1:
-                v = head[0]
-                continue
-            n = head[1]
-            data = bytes(self._mm[_HEADER : _HEADER + n])
-            again = head[0]
-            if again == v:
-                break
-            v = again
-        self._value = pickle.loads(data)
-        self._seen = int(v)
-        return self._value
-
-    @property
-    def version(self) -> int:
-        """Changes at every :meth:`set` (twice the number of sets)."""
-        return int(self._head[0])
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "capacity": self.capacity}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path, self.capacity = state["path"], int(state["capacity"])
-        if not os.path.exists(self.path):
-            raise FileNotFoundError(f"{self.path}: the shared object is gone (the process that created it ended)")
-        self._map()
