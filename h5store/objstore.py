@@ -1,0 +1,372 @@
+"""Objects in S3-compatible storage read by byte ranges: :class:`RemoteObject` (obstore's client).
+
+An h5store file needs few, large reads: its metadata once at open, then one coalesced set of
+byte ranges per feature and batch. :meth:`RemoteObject.read` takes a batch's ranges and
+fetches them with ``obstore.get_ranges`` (ranges closer than ``coalesce`` bytes share one
+GET, up to ten GETs in flight at once, in Rust with the GIL released); each answer is checked
+to be exactly the bytes asked for, so nothing partial is ever returned.
+
+Credentials and endpoint come from the standard places: the ``AWS_*`` environment variables
+(``AWS_ENDPOINT_URL`` for MinIO, Ceph, R2 and other compatibles), else the shared config and
+credential files through boto3 when it is installed, and ``storage_options`` (obstore's
+S3 config keys: ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key``,
+``session_token``, ...) over both. Failures: 5xx answers, dropped connections and timeouts
+are retried with exponential backoff (``retries``, bounded by ``retry_timeout``); every
+request has a ``timeout``, so a server that stops answering raises
+:class:`~h5store.errors.RemoteError` instead of hanging; 404 raises
+:class:`~h5store.errors.RemoteNotFound` and 401/403 :class:`~h5store.errors.RemoteDenied`,
+each naming the URL.
+
+With ``cache_dir``, reads go through aligned blocks of ``block_bytes`` kept in a
+:class:`~h5store.disk_cache.DiskCache` shared by the processes of a machine: a block is
+fetched once per machine (keyed by the object's ETag, so a replaced object is fetched anew).
+
+Processes: the client is made per process (a forked or spawned DataLoader worker makes its
+own); a :class:`RemoteObject` pickles as its URL and options. :func:`remote_object` keeps one
+per URL and process for the readers, registered by the file handle that opened the URL.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+
+from h5store.disk_cache import DiskCache
+from h5store.errors import RemoteDenied, RemoteError, RemoteNotFound
+
+__all__ = ["REMOTE_SCHEMES", "RemoteObject", "is_remote", "register", "remote_object", "split_url"]
+
+REMOTE_SCHEMES = ("s3://",)
+BLOCK_BYTES = 4 << 20  # the cache's (and the metadata reads') aligned unit
+COALESCE = 1 << 20  # ranges closer than this share one GET
+
+
+def is_remote(path: Any) -> bool:
+    """Whether ``path`` names an object in a store (``s3://bucket/key``), not a local file.
+
+    Examples
+    --------
+    >>> is_remote("s3://bucket/speech.h5"), is_remote("speech.h5"), is_remote("file:///x.h5")
+    (True, False, False)
+    """
+    return isinstance(path, str) and path.startswith(REMOTE_SCHEMES)
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``("bucket", "key")`` of ``s3://bucket/key``.
+
+    Examples
+    --------
+    >>> split_url("s3://data/sets/speech.h5")
+    ('data', 'sets/speech.h5')
+    """
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    bucket, _, key = rest.partition("/")
+    if not bucket or not key or key.endswith("/"):
+        raise ValueError(f"{url}: not an object URL; write s3://BUCKET/KEY")
+    return bucket, key
+
+
+def _from_env(storage_options: dict[str, Any]) -> dict[str, Any]:
+    """The S3 config: ``AWS_*`` variables (obstore reads them), the shared config files through
+    boto3 where no key is in the environment, then ``storage_options`` over both."""
+    cfg: dict[str, Any] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        cfg["endpoint"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        cfg["region"] = region
+    cfg.update(storage_options)
+    return cfg
+
+
+def _config_files_provider(cfg: dict[str, Any]) -> Any:
+    """boto3's credentials (``~/.aws/credentials``, ``~/.aws/config``, SSO, a profile) when
+    neither the environment nor ``storage_options`` hold keys and boto3 is installed."""
+    if "access_key_id" in cfg or "aws_access_key_id" in cfg or os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    if cfg.get("skip_signature") or cfg.get("aws_skip_signature"):
+        return None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return None
+    session = boto3.Session(profile_name=os.environ.get("AWS_PROFILE"))
+    if session.get_credentials() is None:
+        return None
+    if "region" not in cfg and session.region_name:
+        cfg["region"] = session.region_name
+    endpoint = session._session.get_config_variable("endpoint_url") if "endpoint" not in cfg else None
+    if endpoint:
+        cfg["endpoint"] = endpoint
+    return Boto3CredentialProvider(session)
+
+
+class RemoteObject:
+    """One object in an S3-compatible store, read by byte ranges.
+
+    Parameters
+    ----------
+    url : str
+        ``s3://bucket/key``.
+    storage_options : dict, optional
+        obstore S3 config keys over the environment's (``endpoint``, ``region``,
+        ``access_key_id``, ``secret_access_key``, ``session_token``, ``skip_signature``...).
+    cache_dir : str, optional
+        A folder shared by the processes of this machine: blocks fetched once, kept there.
+    cache_bytes : int
+        The cache folder's bound (least recently used blocks evicted beyond it).
+    timeout : float
+        Seconds one request may take, and connecting at most a quarter of it.
+    retries : int
+        Retries of a request that failed with 5xx, a dropped connection or a timeout.
+    retry_timeout : float
+        Seconds after which a failing request is not retried any more.
+
+    Examples
+    --------
+    >>> obj = RemoteObject("s3://bucket/speech.h5", cache_dir="/tmp/h5cache")  # doctest: +SKIP
+    >>> obj.size  # doctest: +SKIP
+    52428800
+    >>> [bytes(b) for b in obj.read([0], [8])]  # doctest: +SKIP
+    [b'\\x89HDF\\r\\n\\x1a\\n']
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
+                 cache_bytes: int = 20 << 30, timeout: float = 30.0, retries: int = 4,
+                 retry_timeout: float = 60.0, block_bytes: int = BLOCK_BYTES) -> None:
+        self.url = url
+        self.bucket, self.key = split_url(url)
+        self.storage_options = dict(storage_options or {})
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_bytes = int(cache_bytes)
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+        self.retry_timeout = float(retry_timeout)
+        self.block_bytes = int(block_bytes)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._store: Any = None
+        self._pid = -1
+        self._head: tuple[int, str] | None = None
+        self._cache = DiskCache(self.cache_dir, self.cache_bytes) if self.cache_dir else None
+        self._lock = threading.Lock()
+        self.requests = 0  # GET requests this process asked for (coalesced ranges count once)
+
+    def options(self) -> dict[str, Any]:
+        """What recreates this object (pickling, a worker's reopen)."""
+        return dict(storage_options=self.storage_options, cache_dir=self.cache_dir, cache_bytes=self.cache_bytes,
+                    timeout=self.timeout, retries=self.retries, retry_timeout=self.retry_timeout,
+                    block_bytes=self.block_bytes)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, **self.options()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"<RemoteObject {self.url}>"
+
+    # -- the client ------------------------------------------------------------
+    def store(self) -> Any:
+        """This process's obstore ``S3Store`` (made again in a forked or spawned child)."""
+        if self._store is None or self._pid != os.getpid():
+            with self._lock:
+                if self._store is None or self._pid != os.getpid():
+                    self._store, self._pid = self._make_store(), os.getpid()
+        return self._store
+
+    def _make_store(self) -> Any:
+        try:
+            from obstore.store import S3Store
+        except ImportError:
+            raise ImportError(f"{self.url}: reading s3:// files needs obstore: pip install 'h5store[s3]'") from None
+        cfg = _from_env(self.storage_options)
+        provider = _config_files_provider(cfg)
+        endpoint = str(cfg.get("endpoint", cfg.get("aws_endpoint", "")))
+        client = {"timeout": timedelta(seconds=self.timeout),
+                  "connect_timeout": timedelta(seconds=max(1.0, self.timeout / 4))}
+        if endpoint.startswith("http://"):
+            client["allow_http"] = True
+        retry = {"max_retries": self.retries, "retry_timeout": timedelta(seconds=self.retry_timeout),
+                 "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5),
+                             "base": 2}}
+        try:
+            return S3Store(self.bucket, client_options=client, retry_config=retry, credential_provider=provider,
+                           **cfg)
+        except Exception as e:  # noqa: BLE001 - obstore's configuration errors
+            raise RemoteError(None, f"{self.url}: cannot configure the S3 client ({e}); check storage_options and "
+                              "the AWS_* environment variables") from None
+
+    def _failed(self, e: BaseException) -> RemoteError:
+        """obstore's error as ours, naming the URL and saying what to do next."""
+        import obstore.exceptions as ox
+
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, ox.NotFoundError):
+            err: RemoteError = RemoteNotFound(None, f"{self.url}: no such object (HTTP 404): check the bucket and "
+                                              "key, and the endpoint (AWS_ENDPOINT_URL)")
+        elif isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
+            err = RemoteDenied(None, f"{self.url}: access denied (HTTP 401/403): check the credentials "
+                               "(AWS_ACCESS_KEY_ID / AWS_PROFILE / storage_options) and the bucket policy")
+        else:
+            err = RemoteError(None, f"{self.url}: the read failed after {self.retries} retries within "
+                              f"{self.retry_timeout:g} s ({text}); the store is unreachable or failing")
+        err.filename = self.url
+        return err
+
+    def _head_now(self) -> tuple[int, str]:
+        import obstore
+
+        try:
+            meta = obstore.head(self.store(), self.key)
+        except Exception as e:  # noqa: BLE001 - obstore's errors, mapped
+            raise self._failed(e) from None
+        return int(meta["size"]), str(meta.get("e_tag") or meta.get("version") or meta["last_modified"])
+
+    def head(self, refresh: bool = False) -> tuple[int, str]:
+        """``(size, etag)``: one HEAD request per process (again with ``refresh``)."""
+        if self._head is None or refresh or self._pid != os.getpid():
+            self.store()
+            self._head = self._head_now()
+        return self._head
+
+    @property
+    def size(self) -> int:
+        return self.head()[0]
+
+    @property
+    def etag(self) -> str:
+        return self.head()[1]
+
+    # -- reads -----------------------------------------------------------------
+    def _get(self, starts: Sequence[int], ends: Sequence[int], coalesce: int = COALESCE) -> list[Any]:
+        """The exact bytes of each ``[starts[j], ends[j])``: concurrent, coalesced, checked."""
+        import obstore
+
+        if not len(starts):
+            return []
+        try:
+            got = obstore.get_ranges(self.store(), self.key, starts=list(starts), ends=list(ends), coalesce=coalesce)
+        except Exception as e:  # noqa: BLE001 - obstore's errors, mapped
+            raise self._failed(e) from None
+        self.requests += _count_requests(starts, ends, coalesce)
+        for b, a, z in zip(got, starts, ends):
+            if len(b) != z - a:
+                err = RemoteError(None, f"{self.url}: bytes [{a}, {z}) came back as {len(b)} bytes: the object "
+                                  "changed or is truncated; refused, nothing of it is returned")
+                err.filename = self.url
+                raise err
+        return got
+
+    def read(self, starts: Sequence[int] | np.ndarray, ends: Sequence[int] | np.ndarray) -> list[Any]:
+        """The bytes ``[starts[j], ends[j])`` (buffers), in one coalesced set of concurrent GETs.
+
+        Through the cache folder when there is one: the aligned blocks the ranges touch, those
+        not cached fetched at once and stored.
+        """
+        starts = np.asarray(starts, np.int64)
+        ends = np.asarray(ends, np.int64)
+        size = self.size
+        if len(ends) and int(ends.max()) > size:
+            err = RemoteError(None, f"{self.url}: read of bytes up to {int(ends.max())} past the end of the "
+                              f"object ({size} bytes): the object is truncated or was replaced")
+            err.filename = self.url
+            raise err
+        if self._cache is None:
+            return self._get(starts.tolist(), ends.tolist())
+        return self._read_blocks(starts, ends, size)
+
+    def _read_blocks(self, starts: np.ndarray, ends: np.ndarray, size: int) -> list[Any]:
+        B = self.block_bytes
+        live = ends > starts
+        first = starts // B
+        last = np.where(live, (ends - 1) // B, first - 1)
+        need = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first[live].tolist(), last[live].tolist())]
+                                        or [np.zeros(0, np.int64)])).astype(np.int64)
+        blocks: dict[int, Any] = {}
+        cache = self._cache
+        assert cache is not None
+        etag = self.etag
+        missing = []
+        for b in need.tolist():
+            hit = cache.get(f"{self.url}|{etag}|{B}|{b}")
+            if hit is not None and len(hit) == min(B, size - b * B):
+                blocks[b] = hit
+            else:
+                missing.append(b)
+        if missing:
+            got = self._get([b * B for b in missing], [min(size, (b + 1) * B) for b in missing], coalesce=1)
+            for b, data in zip(missing, got):
+                cache.put(f"{self.url}|{etag}|{B}|{b}", data)
+                blocks[b] = data
+        out: list[Any] = []
+        for a, z in zip(starts.tolist(), ends.tolist()):
+            if z <= a:
+                out.append(b"")
+                continue
+            fb, lb = a // B, (z - 1) // B
+            if fb == lb:
+                out.append(memoryview(blocks[fb])[a - fb * B : z - fb * B])
+                continue
+            buf = bytearray(z - a)
+            o = 0
+            for b in range(fb, lb + 1):
+                lo, hi = max(a, b * B), min(z, (b + 1) * B)
+                buf[o : o + hi - lo] = memoryview(blocks[b])[lo - b * B : hi - b * B]
+                o += hi - lo
+            out.append(buf)
+        return out
+
+
+def _count_requests(starts: Sequence[int], ends: Sequence[int], coalesce: int) -> int:
+    """The GETs ``get_ranges`` makes of these ranges (those closer than ``coalesce`` merged)."""
+    pairs = sorted(zip(starts, ends))
+    n, end = 0, None
+    for a, z in pairs:
+        if end is None or a - end > coalesce:
+            n += 1
+            end = z
+        else:
+            end = max(end, z)
+    return n
+
+
+_OBJECTS: dict[str, RemoteObject] = {}
+_OBJECTS_LOCK = threading.Lock()
+
+
+def register(url: str, **options: Any) -> RemoteObject:
+    """The :class:`RemoteObject` of ``url`` made with ``options`` and kept for this process's readers.
+
+    The file handle that opens ``url`` registers it; readers find it with :func:`remote_object`.
+    One set of options per URL and process: the last open's.
+
+    Examples
+    --------
+    >>> register("s3://bucket/x.h5", cache_dir=None).url
+    's3://bucket/x.h5'
+    """
+    with _OBJECTS_LOCK:
+        obj = _OBJECTS.get(url)
+        if obj is None or obj.options() != RemoteObject(url, **options).options():
+            obj = _OBJECTS[url] = RemoteObject(url, **options)
+        return obj
+
+
+def remote_object(url: str) -> RemoteObject:
+    """This process's :class:`RemoteObject` of ``url`` (the environment's defaults if no open registered one)."""
+    with _OBJECTS_LOCK:
+        obj = _OBJECTS.get(url)
+        if obj is None:
+            obj = _OBJECTS[url] = RemoteObject(url)
+        return obj
