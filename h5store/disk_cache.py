@@ -69,7 +69,10 @@ class DiskCache:
 
     def get(self, key: str) -> bytes | None:
         """The entry's payload, checked against its length and CRC-32; None when absent or bad."""
-        p = self.path_of(key)
+        return self.get_path(self.path_of(key))
+
+    def get_path(self, p: str | os.PathLike[str]) -> bytes | None:
+        """The payload of the entry file ``p`` if it is whole (length and CRC-32), else None (and removed)."""
         try:
             with open(p, "rb") as fh:
                 raw = fh.read()
