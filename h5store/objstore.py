@@ -179,6 +179,9 @@ class RemoteObject:
         if isinstance(e, FileNotFoundError):
             err: RemoteError = RemoteNotFound(None, f"{self.url}: no such object (HTTP 404): check the bucket and "
                                               "key, and the endpoint (AWS_ENDPOINT_URL)")
+        elif isinstance(e, TypeError):  # an argument botocore's session does not take
+            err = RemoteError(None, f"{self.url}: the S3 client refused storage_options {sorted(self.storage_options)} "
+                              f"({text}); they are s3fs.S3FileSystem's arguments (endpoint_url, key, secret, ...)")
         elif isinstance(e, PermissionError):
             err = RemoteDenied(None, f"{self.url}: access denied (HTTP 401/403): check the credentials "
                                "(AWS_ACCESS_KEY_ID / AWS_PROFILE / storage_options) and the bucket policy")

@@ -223,7 +223,8 @@ class TypedFile:
         # A copy in another process is a reader: h5store allows one writer. Attributes a
         # subclass set (``class MyDS(Speech, Dataset)`` with its own __init__) travel along.
         user = {k: v for k, v in self.__dict__.items() if k not in self._INTERNAL}
-        return {"path": h.path, "mode": "r", "options": h.options, "attrs": user, "untrusted": self._untrusted}
+        options = {**h.options, **h.remote_options}  # a remote file's client options travel too
+        return {"path": h.path, "mode": "r", "options": options, "attrs": user, "untrusted": self._untrusted}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(state["path"], state["mode"], dict(state["options"]), state.get("untrusted", False))

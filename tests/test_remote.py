@@ -176,8 +176,13 @@ def _same(a: Any, b: Any, what: str) -> None:
         return
     a = a.numpy() if hasattr(a, "numpy") else a
     b = b.numpy() if hasattr(b, "numpy") else b
-    if isinstance(a, (list, tuple)) or np.asarray(a).dtype.kind == "O":
-        assert list(a) == list(b), what
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), what
+        for k, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{what}[{k}]")
+        return
+    if isinstance(a, (str, bytes, int, float)) or np.asarray(a).dtype.kind == "O":
+        assert type(a) is type(b) and (a == b if not isinstance(a, np.ndarray) else list(a) == list(b)), what
         return
     a, b = np.asarray(a), np.asarray(b)
     assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
@@ -249,12 +254,17 @@ def test_serve_with_workers_equals_local(mixed: tuple[Path, str], server: S3Serv
     path, url = mixed
     spec = dict(x=h5s.Window("mel", 16), g=h5s.Item("gz"), y=h5s.Item("label"))
     kw = dict(shuffle=True, seed=7, num_workers=2, multiprocessing_context=context)
-    with h5s.open(path) as loc, h5s.open(url, cache_dir=str(tmp_path / "cache")) as rem:
+    with h5s.open(path) as loc:
         a = list(loc.serve(spec, 20, **kw))
+    with h5s.open(url) as rem:
         server.reset()
         b = list(rem.serve(spec, 20, **kw))
-        assert server.gets(), "the workers read nothing from the server"
-        c = list(rem.serve(spec, 20, **kw))  # epoch 2: from the cache folder the workers filled
+        assert len(server.gets()) >= 2, "the workers read nothing from the server"
+    with h5s.open(url, cache_dir=str(tmp_path / "cache")) as rem:
+        list(rem.serve(spec, 20, **kw))  # fills the cache folder
+        server.reset()
+        c = list(rem.serve(spec, 20, **kw))  # epoch 2: from the cache folder, no GET
+        assert not server.gets(), server.gets()
     assert len(a) == len(b) == len(c) == 6
     for k, (x, y, z) in enumerate(zip(a, b, c)):
         _same(x, y, f"batch {k}")
@@ -283,8 +293,9 @@ def test_few_requests_to_open_and_per_batch(tmp_path: Path, server: S3Server) ->
         server.reset()
         batches = 1 + sum(1 for _ in it)
         gets = server.gets()
-        # In order, a batch's 64 items are one range: one GET per batch, never one per item.
-        assert len(gets) == batches - 1, gets
+        # In order, a batch's 64 items are one range: at most one GET per batch (the reading
+        # threads may have fetched the next batch with the first), never one per item.
+        assert batches == 16 and len(gets) <= batches - 1, gets
         server.reset()
         b = list(f.iter_batches(spec, 64, shuffle=True, seed=1))
         # Shuffled over 10 MB, items closer than 1 MiB share a GET: far fewer GETs than items.
@@ -427,7 +438,7 @@ def test_server_stopped_fails_in_bounded_time(tmp_path: Path, s3: S3Server) -> N
     try:
         path = make_mixed(tmp_path / "m.h5", n=20)
         url = own.put(BUCKET, "m.h5", str(path))
-        rem = h5s.open(url, storage_options={"endpoint": own.endpoint}, timeout=2, retries=2, retry_timeout=4)
+        rem = h5s.open(url, storage_options={"endpoint_url": own.endpoint}, timeout=2, retries=2, retry_timeout=4)
         rem.mel[0]
     finally:
         own.stop()
