@@ -63,6 +63,33 @@ class DiskCache:
         self.max_bytes = int(max_bytes)
         os.makedirs(self.folder, exist_ok=True)
         self._since_scan = 0
+        self._checked: dict[str, tuple[int, int, int]] = {}  # entry -> (inode, size, pid) checked whole
+
+    def read_range(self, key: str, offset: int, n: int) -> bytes | None:
+        """Bytes ``[offset, offset + n)`` of the entry's payload; None when absent or bad.
+
+        The entry is checked whole (length and CRC-32, :meth:`get`) the first time this
+        process reads it; later reads of it are one ``pread`` of the bytes asked for (the
+        items' own CRC-32, checked when served, covers them).
+        """
+        p = self.path_of(key)
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            seen = self._checked.get(p)
+            if seen != (st.st_ino, st.st_size, os.getpid()):
+                if self.get_path(p) is None:
+                    return None
+                self._checked[p] = (st.st_ino, st.st_size, os.getpid())
+            if offset + n > st.st_size - _HEADER.size:
+                return None
+            data = os.pread(fd, n, _HEADER.size + offset)
+            return data if len(data) == n else None
+        finally:
+            os.close(fd)
 
     def path_of(self, key: str) -> str:
         return os.path.join(self.folder, hashlib.sha1(key.encode()).hexdigest() + ".blk")

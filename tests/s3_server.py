@@ -57,6 +57,15 @@ class S3Server:
     def _wrap(self, app: Any) -> Any:
         def counted(environ: dict, start_response: Any) -> Any:
             method = environ["REQUEST_METHOD"]
+            if environ.get("PATH_INFO") == "/__requests__":  # the count, for a server in another process
+                import json
+
+                with self._lock:
+                    body = json.dumps(self.requests).encode()
+                    if method == "DELETE":
+                        self.requests.clear()
+                start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+                return [body]
             with self._lock:
                 self.requests.append((method, environ.get("PATH_INFO", ""), environ.get("HTTP_RANGE", "")))
                 status = 0
@@ -97,3 +106,46 @@ class S3Server:
             pass
         s3.upload_file(path, bucket, key)
         return f"s3://{bucket}/{key}"
+
+
+def _serve(port: int, ready: Any) -> None:
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    S3Server(port=port).start()
+    ready.set()
+    threading.Event().wait()
+
+
+class ProcessS3Server(S3Server):
+    """The same server in a process of its own (benchmarks: its CPU is not the client's GIL)."""
+
+    def start(self) -> ProcessS3Server:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.port = self.port or free_port()
+        ready = ctx.Event()
+        self._proc = ctx.Process(target=_serve, args=(self.port, ready), daemon=True)
+        self._proc.start()
+        if not ready.wait(60):
+            raise RuntimeError("the S3 server did not start")
+        return self
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        self._proc.join(10)
+
+    def _count(self, method: str) -> list[tuple[str, str, str]]:
+        import json
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.endpoint}/__requests__", method=method)
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return [tuple(x) for x in json.loads(r.read())]
+
+    def gets(self) -> list[tuple[str, str, str]]:
+        return [r for r in self._count("GET") if r[0] == "GET" and r[1] != "/__requests__"]
+
+    def reset(self) -> None:
+        self._count("DELETE")
