@@ -211,9 +211,12 @@ class RemoteObject:
         return int(meta["size"]), str(etag).strip('"')
 
     def head(self, refresh: bool = False) -> tuple[int, str]:
-        """``(size, etag)``: one HEAD request per process (again with ``refresh``)."""
-        if self._head is None or refresh or self._pid != os.getpid():
-            self.store()
+        """``(size, etag)``: one HEAD request (again with ``refresh``).
+
+        A forked child keeps its parent's answer: it reads the object the parent opened
+        (with a warm cache folder, a forked DataLoader worker then makes no request at all).
+        """
+        if self._head is None or refresh:
             self._head = self._head_now()
         return self._head
 
