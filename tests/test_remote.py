@@ -461,3 +461,20 @@ def test_a_replaced_shorter_object_is_never_read_partly(mixed: tuple[Path, str],
         server.put(bucket, key, str(cut))  # the object replaced under the open file
         with pytest.raises((RemoteError, CorruptRecordError), match=r"s3://"):
             rem.mel.read_many([last, last - 1])
+
+
+def test_wrong_storage_options_say_what_they_are(mixed: tuple[Path, str], server: S3Server) -> None:
+    _, url = mixed
+    with pytest.raises(RemoteError, match=r"s3://.*storage_options \['endpoint'\].*s3fs.S3FileSystem's arguments"):
+        h5s.open(url, storage_options={"endpoint": server.endpoint})
+    register(url)
+    with pytest.raises(TypeError, match="apply to remote files"):
+        h5s.open(mixed[0], cache_dir="/tmp/x")
+
+
+def test_untrusted_remote_open_checks_the_file(mixed: tuple[Path, str], server: S3Server) -> None:
+    from h5store.advisories import H5StoreSecurityWarning
+
+    path, url = mixed
+    with pytest.warns(H5StoreSecurityWarning), h5s.open(url, untrusted=True) as rem, h5s.open(path) as loc:
+        _same(rem.gz[7], loc.gz[7], "gz[7]")
