@@ -247,20 +247,35 @@ def test_concat_of_urls_equals_local(mixed: tuple[Path, str], server: S3Server, 
         assert [i.rpartition("::")[2] for i in x["i"]] == [i.rpartition("::")[2] for i in y["i"]]
 
 
+@pytest.fixture(scope="module")
+def outside(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The same S3 server in a process of its own: a forked worker must not inherit the
+    server's threads (and their locks) mid-request, which would be the test's artefact."""
+    from tests.s3_server import ProcessS3Server
+
+    server = ProcessS3Server().start()
+    path = make_mixed(tmp_path_factory.mktemp("outside") / "mixed.h5")
+    url = server.put(BUCKET, "mixed.h5", str(path))
+    try:
+        yield server, path, url
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_serve_with_workers_equals_local(mixed: tuple[Path, str], server: S3Server, context: str,
-                                         tmp_path: Path) -> None:
+def test_serve_with_workers_equals_local(outside: Any, context: str, tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    path, url = mixed
+    server, path, url = outside
+    opts = dict(storage_options={"endpoint_url": server.endpoint})
     spec = dict(x=h5s.Window("mel", 16), g=h5s.Item("gz"), y=h5s.Item("label"))
     kw = dict(shuffle=True, seed=7, num_workers=2, multiprocessing_context=context)
     with h5s.open(path) as loc:
         a = list(loc.serve(spec, 20, **kw))
-    with h5s.open(url) as rem:
+    with h5s.open(url, **opts) as rem:
         server.reset()
         b = list(rem.serve(spec, 20, **kw))
         assert len(server.gets()) >= 2, "the workers read nothing from the server"
-    with h5s.open(url, cache_dir=str(tmp_path / "cache")) as rem:
+    with h5s.open(url, cache_dir=str(tmp_path / "cache"), **opts) as rem:
         list(rem.serve(spec, 20, **kw))  # fills the cache folder
         server.reset()
         c = list(rem.serve(spec, 20, **kw))  # epoch 2: from the cache folder, no GET
