@@ -20,7 +20,7 @@ $(VENV)/.base-installed: pyproject.toml constraints.txt | $(PY)
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml constraints.txt | $(PY) chromium
-	$(PIP_INSTALL) -e ".[dev,tf,dask,image,plot]"
+	$(PIP_INSTALL) -e ".[dev,tf,dask,image,plot,s3]"
 	touch $@ $(VENV)/.base-installed
 
 # The report's browser test (tests/test_report.py) renders it in Debian's chromium. Installed

@@ -19,6 +19,9 @@ __all__ = [
     "LockedError",
     "NotFound",
     "ReadOnlyError",
+    "RemoteDenied",
+    "RemoteError",
+    "RemoteNotFound",
     "SchemaError",
     "SourceError",
     "WriteError",
@@ -96,3 +99,19 @@ class WriteError(H5StoreError, OSError):
 
 class TargetExistsError(H5StoreError, FileExistsError):
     """``create``/``merge`` onto a file that exists, without saying whether to replace or extend it."""
+
+
+class RemoteError(H5StoreError, OSError):
+    """A remote object (``s3://...``) could not be read: the server kept failing (5xx) or
+    stopped answering after the retries, or refused the request. The message names the URL."""
+
+    def __str__(self) -> str:
+        return str(self.strerror) if self.strerror else super().__str__()
+
+
+class RemoteNotFound(RemoteError, FileNotFoundError):
+    """The remote object or its bucket does not exist (HTTP 404)."""
+
+
+class RemoteDenied(RemoteError, PermissionError):
+    """The store refused the credentials (HTTP 401/403)."""

@@ -39,9 +39,10 @@ from typing import Any
 import h5py
 
 from h5store.commit_lock import CommitLock
-from h5store.errors import FormatError, JournalError, LockedError, WriteError
-from h5store.fileobj import JournaledFile, ReadOnlyFile
+from h5store.errors import FormatError, JournalError, LockedError, ReadOnlyError, RemoteError, WriteError
+from h5store.fileobj import JournaledFile, ReadOnlyFile, RemoteFile
 from h5store.journal import check_links, find_journal, has_hot_journal, journal_path, rollback
+from h5store.objstore import is_remote, register
 from h5store.writer_note import commit_token_of, note_holder, note_path, write_note, writer_alive
 
 __all__ = ["FileHandle", "WRITE_MODES", "LOCK_TIMEOUT"]
@@ -50,6 +51,8 @@ __all__ = ["FileHandle", "WRITE_MODES", "LOCK_TIMEOUT"]
 LOCK_TIMEOUT = 60.0
 
 WRITE_MODES = frozenset({"r+", "a", "w", "w-", "x"})
+# Options of a remote file (``s3://``), taken out of those h5py gets: see RemoteObject.
+REMOTE_OPTIONS = ("storage_options", "cache_dir", "cache_bytes", "timeout", "retries", "retry_timeout")
 _MODES = WRITE_MODES | {"r"}
 
 # Writable h5py files open in this process: their descriptors are silenced in forked children.
@@ -97,7 +100,10 @@ class FileHandle:
     mode : {"r", "r+", "a", "w", "w-", "x"}
         h5py's mode strings.
     **options
-        Passed to :class:`h5py.File` (``rdcc_nbytes``, ``libver``, ...).
+        Passed to :class:`h5py.File` (``rdcc_nbytes``, ``libver``, ...); for a remote file
+        (``s3://bucket/key``, read-only) also ``storage_options``, ``cache_dir``,
+        ``cache_bytes``, ``timeout``, ``retries``, ``retry_timeout``
+        (:class:`~h5store.objstore.RemoteObject`).
 
     Examples
     --------
@@ -112,7 +118,16 @@ class FileHandle:
     def __init__(self, path: str | os.PathLike[str], mode: str = "r", **options: Any) -> None:
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {sorted(_MODES)}, got {mode!r}")
-        self.path = str(Path(path))
+        if isinstance(path, str) and path.startswith("file://"):
+            path = path[len("file://"):]  # a local file: today's path, untouched
+        self.remote = is_remote(path)
+        self.path = str(path) if self.remote else str(Path(path))
+        if self.remote and mode != "r":
+            raise ReadOnlyError(f"{self.path}: a remote file opens read-only (mode 'r'), not {mode!r}; build the "
+                                "file locally and upload it")
+        self.remote_options = {k: options.pop(k) for k in REMOTE_OPTIONS if k in options}
+        if self.remote_options and not self.remote:
+            raise TypeError(f"{self.path}: {sorted(self.remote_options)} apply to remote files (s3://) only")
         self.mode = mode
         self.options = options
         self._file: h5py.File | None = None
@@ -139,7 +154,8 @@ class FileHandle:
 
     # pickling: the recipe, never the handle ---------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "mode": self.mode, "options": {**self.options, "lock_timeout": self.lock_timeout}}
+        return {"path": self.path, "mode": self.mode,
+                "options": {**self.options, **self.remote_options, "lock_timeout": self.lock_timeout}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["mode"], **state["options"])  # type: ignore[misc]
@@ -168,6 +184,9 @@ class FileHandle:
             self._local = threading.local()
             self._lock = None
             self._stale = []
+        if self.remote:
+            self._open_remote()
+            return
         if not self.writable:
             self._open_reader()
             return
@@ -266,14 +285,38 @@ class FileHandle:
         self.generation += 1
         _readers.add(self)
 
+    def _open_remote(self) -> None:
+        """Open a remote object read-only: h5py on a :class:`~h5store.fileobj.RemoteFile`.
+
+        No journal and no commit lock: an object in a store is replaced whole, never changed
+        in place. Its ETag is the token (the cache folder keys blocks by it).
+        """
+        obj = register(self.path, **self.remote_options)
+        fobj = RemoteFile(obj)  # one HEAD: a missing object or refused key raises here, naming the URL
+        try:
+            f = h5py.File(fobj, "r", **self._h5_options())
+        except RemoteError:
+            raise
+        except OSError as e:
+            if isinstance(e.__context__, RemoteError):  # a failed GET, as h5py reports it
+                raise e.__context__ from None
+            raise FormatError(f"{self.path}: not a readable HDF5 file ({_reason(e)})") from None
+        self._file, self._reader_file, self._token = f, fobj, ("remote", obj.etag)  # type: ignore[assignment]
+        self._pid = os.getpid()
+        self.generation += 1
+        _readers.add(self)
+
     def commit_token(self) -> tuple[Any, ...]:
         """What identifies the last commit at the path: the writer's note, or the file itself.
 
         A writer rewrites its note (session and commit counter) at every commit, under the
         commit lock; between commits it changes no committed byte, even while it adds data
         past them. Without a writer, the file's inode, size and mtime say whether it changed
-        (a file moved to the path, as a finished create does, is another inode).
+        (a file moved to the path, as a finished create does, is another inode). A remote
+        object: its ETag.
         """
+        if self.remote:
+            return ("remote", register(self.path, **self.remote_options).head(refresh=True)[1])
         return commit_token_of(self.path, os.stat(self.path))
 
     def _inode_token(self, fd: int) -> tuple[Any, ...]:
@@ -295,7 +338,7 @@ class FileHandle:
         a waiting writer is let in between reads rather than starved by overlapping ones.
         """
         f = self.file
-        if self.writable or getattr(self._local, "depth", 0):
+        if self.writable or self.remote or getattr(self._local, "depth", 0):
             yield f  # a writer reads its own state; a nested call is already covered
             return
         with self._cond:

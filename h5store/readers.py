@@ -15,6 +15,9 @@ reading, chosen in one place (:func:`choose_reader`):
 * :class:`H5Reader` - anything else (a writer's unfiltered data, filters h5store does not
   decode): ``read_direct`` per coalesced run, with a chunk cache.
 * :class:`MemoryReader` - an array already in memory (``in_memory=True`` serving).
+* :class:`~h5store.remote_reader.RemoteReader` and
+  :class:`~h5store.remote_reader.RemoteChunkReader` - a file in object storage
+  (``s3://``): the two above with ranged GETs in place of ``os.preadv``.
 
 Every reader passes :class:`h5store.testing.ReaderTests` (``tests/test_readers.py``); a new
 one (a remote reader, say) subclasses :class:`ReaderBase`, is chosen in
@@ -32,7 +35,9 @@ from h5store.chunk_reader import ChunkReader
 from h5store.direct_reader import DirectReader
 from h5store.errors import CorruptRecordError
 from h5store.layout import ReadPlan, plan_reads
+from h5store.objstore import is_remote
 from h5store.reader_protocol import Reader, ReaderBase
+from h5store.remote_reader import RemoteChunkReader, remote_reader
 
 __all__ = [
     "ChunkReader",
@@ -121,7 +126,8 @@ def read_whole(ds: h5py.Dataset, path: str, where: str | None = None, rows: int 
     """
     n = int(ds.shape[0]) if ds.shape else 0
     n = n if rows is None else min(rows, n)
-    reader = ChunkReader.for_dataset(ds, path, where, cache_bytes=0, via_hdf5=via_hdf5)
+    chunked = RemoteChunkReader if is_remote(path) else ChunkReader
+    reader = chunked.for_dataset(ds, path, where, cache_bytes=0, via_hdf5=via_hdf5)
     if reader is None:
         return ds[...] if rows is None else ds[:rows]
     try:
@@ -136,13 +142,16 @@ def choose_reader(ds: h5py.Dataset, path: str, where: str, writable: bool) -> Re
     A reader of a file open read-only reads unfiltered data directly
     (:class:`DirectReader`); compressed chunks are decoded by :class:`ChunkReader`, never
     past their declared size (HDF5's filters inflate without bound), a writer's through
-    HDF5; anything else goes through h5py (:class:`H5Reader`).
+    HDF5; anything else goes through h5py (:class:`H5Reader`). A remote file (``s3://``)
+    is read by :func:`~h5store.remote_reader.remote_reader`'s readers.
     """
     try:
         reader: Reader | None = None
-        if not writable:
+        if is_remote(path):
+            reader = remote_reader(ds, path, where)
+        elif not writable:
             reader = DirectReader.for_dataset(ds, path, where)
-        if reader is None:
+        if reader is None and not is_remote(path):
             reader = ChunkReader.for_dataset(ds, path, where, via_hdf5=writable)
     except (RuntimeError, OSError) as e:  # h5py's text for a damaged chunk B-tree
         if "memory allocation failed" in str(e):  # out of memory (an address-space limit), not damage
@@ -157,7 +166,8 @@ def copy_dataset(ds: Any, out: np.ndarray, path: str | None = None, where: str |
     n = int(ds.shape[0]) if ds.shape else 0
     row = max(1, int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize)
     step = max(1, (64 << 20) // row)
-    chunked = ChunkReader.for_dataset(ds, path, where, cache_bytes=0) if path else None
+    kind = RemoteChunkReader if is_remote(path) else ChunkReader
+    chunked = kind.for_dataset(ds, path, where, cache_bytes=0) if path else None
     for a in range(0, n, step):
         b = min(n, a + step)
         if chunked is not None:

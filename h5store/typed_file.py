@@ -33,6 +33,7 @@ from h5store.follow import follow
 from h5store.format import check_root, init_root
 from h5store.groups import GroupStore, Tables
 from h5store.handle import FileHandle
+from h5store.objstore import is_remote
 from h5store.schema import Feature, Schema
 from h5store.schema_merge import check_names, merge, with_fixed, with_learned
 from h5store.serving import api as _serving_api
@@ -222,7 +223,8 @@ class TypedFile:
         # A copy in another process is a reader: h5store allows one writer. Attributes a
         # subclass set (``class MyDS(Speech, Dataset)`` with its own __init__) travel along.
         user = {k: v for k, v in self.__dict__.items() if k not in self._INTERNAL}
-        return {"path": h.path, "mode": "r", "options": h.options, "attrs": user, "untrusted": self._untrusted}
+        options = {**h.options, **h.remote_options}  # a remote file's client options travel too
+        return {"path": h.path, "mode": "r", "options": options, "attrs": user, "untrusted": self._untrusted}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._setup(state["path"], state["mode"], dict(state["options"]), state.get("untrusted", False))
@@ -623,7 +625,8 @@ def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = Fal
     >>> f.mel[0].shape  # doctest: +SKIP
     (212, 80)
     """
-    if not Path(path).exists():
+    local = str(path)[len("file://"):] if str(path).startswith("file://") else path
+    if not is_remote(path) and not Path(local).exists():
         raise FileNotFoundError(f"{path}: no such file")
     return TypedFile(path, mode, untrusted=untrusted, allow_external=allow_external, **options)
 

@@ -1,0 +1,178 @@
+"""Serving from object storage: requests, a cold first batch, epochs from the server and the cache.
+
+An S3-compatible server (moto's, tests/s3_server.py) runs in a process of its own on
+127.0.0.1 and counts every request. The same file is read from local disk (the baseline,
+page cache warm) and as ``s3://``: the open, one batch, the first batch of a cold open, whole
+epochs from the server (epoch 1) and from the cache folder (epoch 2), with 0 workers
+(``iter_batches``) and 2 DataLoader workers (``serve``). Both clients the issue names are
+compared on the same ranges (s3fs, which h5store uses, and obstore when installed).
+
+BEWARE: the server is local and written in Python: no network round trip, but every ranged GET
+costs it milliseconds of CPU that grow with the object's size (moto reads the whole object). Against S3 (20-80 ms per request) the request counts matter more and the
+remote/local ratios are lower; the cache's figures do not depend on the server.
+
+Run: ``python benchmarks/bench_remote.py`` (``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import h5store as h5s
+from benchmarks import _common as C
+from h5store.objstore import register
+from tests.s3_server import ProcessS3Server
+
+HEADING = "Serving from object storage (s3://, bench_remote.py)"
+
+
+class Speech(h5s.TypedFile):
+    mel = h5s.Array(dtype="float32", shape=(None, C.N_MELS))
+    label = h5s.Scalar(dtype="int64")
+
+
+def make(path: Path, n: int) -> None:
+    rng = np.random.default_rng(0)
+    with Speech(path, mode="w") as w:
+        w.extend([(f"spk{i % 20}/u{i:05d}", dict(mel=rng.standard_normal((int(rng.integers(50, 250)), C.N_MELS))
+                                                 .astype("float32"), label=np.int64(i % 7))) for i in range(n)])
+
+
+def main() -> None:
+    ap = C.parser(__doc__, "where the benchmark file and the cache folders go")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    # moto's server reads the whole object for every ranged GET (its cost grows with the file):
+    # a 29 MB file keeps the full run within minutes.
+    n = 150 if args.quick else 600
+    repeat = 2 if args.quick else 3
+    work = Path(args.cache_dir) / "remote"
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"speech-{n}.h5"
+    if not path.exists():
+        make(path, n)
+    srv = ProcessS3Server().start()
+    os.environ.update(srv.env())
+    url = srv.put("bench", path.name, str(path))
+    spec = dict(x=h5s.Window("mel", 64), y=h5s.Item("label"))
+    bs = 32
+    lines: list[str] = []
+    with C.LoadAverage() as load:
+        # -- requests: open, one batch in order, one shuffled -------------------------------
+        srv.reset()
+        t = time.perf_counter()
+        f = h5s.open(url)
+        open_s = time.perf_counter() - t
+        open_req = len(srv._count("GET"))
+        it = iter(f.iter_batches(spec, bs, shuffle=True, seed=1))
+        next(it)
+        srv.reset()
+        nb = 1 + sum(1 for _ in it)
+        per_batch = len(srv.gets()) / max(1, nb - 1)
+        srv.reset()
+        seq = list(f.iter_batches(dict(x=h5s.Item("mel")), bs))
+        per_seq = len(srv.gets()) / len(seq)
+        f.close()
+        size_mb = path.stat().st_size / 1e6
+        lines += [f"File: {n} items of (50-250, {C.N_MELS}) float32, {size_mb:.0f} MB; batches of {bs}.", "",
+                  C.md_table(["what", "requests"], [
+                      ["open (HEAD + metadata)", f"{open_req} ({open_s * 1e3:.0f} ms)"],
+                      [f"a batch of {bs} random 64-frame windows (after the first)", f"{per_batch:.1f} GETs"],
+                      [f"a batch of {bs} whole items in order", f"{per_seq:.2f} GETs"],
+                  ]), ""]
+
+        # -- clients on the same ranges --------------------------------------------------
+        rng = np.random.default_rng(0)
+        starts = np.sort(rng.integers(0, path.stat().st_size - 40_000, 64))
+        ends = starts + 20_480
+        obj = register(url)
+
+        def s3fs_batch() -> C.Run:
+            return C.timed(lambda: (len(obj._get(starts.tolist(), ends.tolist(), coalesce=0)), 0))
+
+        runs = {"s3fs (h5store's client)": s3fs_batch}
+        try:
+            import obstore
+            from obstore.store import S3Store
+
+            store = S3Store("bench", endpoint=srv.endpoint, client_options={"allow_http": True}, region="us-east-1")
+
+            def obstore_batch() -> C.Run:
+                return C.timed(lambda: (len(obstore.get_ranges(store, path.name, starts=starts.tolist(),
+                                                               ends=ends.tolist(), coalesce=0)), 0))
+
+            runs["obstore"] = obstore_batch
+        except ImportError:
+            pass
+        got = C.rounds(runs, repeat * 2, "clients")
+        base = got["s3fs (h5store's client)"]
+        lines += ["64 ranges of 20 KB, not coalesced (64 GETs), one call, best of "
+                  f"{repeat * 2} interleaved rounds:", "",
+                  C.md_table(["client", "ms per call", "speed vs s3fs"],
+                             [[k, f"{1e3 * v.best.seconds:.0f}", C.fmt_ratio(v.rate / base.rate)]
+                              for k, v in got.items()]), ""]
+
+        # -- the first batch of a cold open ------------------------------------------------
+        def first(src: str) -> C.Run:
+            register(src) if src.startswith("s3://") else None
+
+            def go() -> tuple[int, int]:
+                with h5s.open(src) as g:
+                    b = next(iter(g.iter_batches(spec, bs, shuffle=True, seed=2)))
+                    return len(b["x"]), int(b["x"].nbytes)
+            return C.timed(go)
+
+        cold = C.rounds({"local": lambda: first(str(path)), "s3://": lambda: first(url)}, repeat, "first batch")
+        lines += ["Open + first batch (a fresh open each run; the local file is in the page cache):", "",
+                  C.md_table(["source", "seconds", "speed vs local"],
+                             [[k, f"{v.best.seconds:.3f}", C.fmt_ratio(v.rate / cold['local'].rate)]
+                              for k, v in cold.items()]), ""]
+
+        # -- epochs: local, remote epoch 1 (server), remote epoch 2 (cache folder) ---------
+        rows = []
+        for workers in (0, 2):
+            def epoch(src: str, cache: str | None, warm: bool, workers: int = workers) -> C.Run:
+                kw = {} if cache is None else dict(cache_dir=cache)
+                if cache is not None and not warm:
+                    shutil.rmtree(cache, ignore_errors=True)  # a cold cache: epoch 1 fetches
+                if src.startswith("s3://"):
+                    register(src, **kw)
+                with h5s.open(src, **kw) as g:
+                    if workers:
+                        loader = g.serve(spec, bs, shuffle=True, seed=3, num_workers=workers)
+                    else:
+                        loader = g.iter_batches(spec, bs, shuffle=True, seed=3)
+                    return C.time_batches(lambda: loader, min_seconds=0.0, whole_epochs=True)
+
+            warm_dir = str(work / f"cache-warm-{workers}")
+            shutil.rmtree(warm_dir, ignore_errors=True)
+            epoch(url, warm_dir, warm=False)  # fill it once
+            got = C.rounds({
+                "local disk": lambda e=epoch: e(str(path), None, False),
+                "s3:// epoch 1 (from the server)": lambda e=epoch: e(url, None, False),
+                "s3:// epoch 1 (filling the cache folder)": lambda e=epoch: e(url, str(work / "cache-cold"), False),
+                "s3:// epoch 2 (from the cache folder)": lambda e=epoch, d=warm_dir: e(url, d, True),
+            }, repeat, f"epochs, {workers} workers")
+            base = got["local disk"]
+            rows += [[workers, k, C.fmt_rate(v.rate), C.fmt_ratio(v.rate / base.rate)] for k, v in got.items()]
+        lines += ["Whole epochs (shuffled 64-frame windows), items/s, best of interleaved rounds; 0 workers is "
+                  "`iter_batches`, 2 is `serve(num_workers=2)` (fork):", "",
+                  C.md_table(["workers", "source", "items/s", "vs local"], rows), ""]
+    srv.stop()
+    lines += [C.load_note(load.span), "",
+              f"Command: `python benchmarks/bench_remote.py{' --quick' if args.quick else ''}` ({C.today()}).",
+              "The server: moto's S3 in its own process on 127.0.0.1 (no network latency, but milliseconds of "
+              "Python per request, growing with the object's size)."]
+    C.publish(HEADING, "\n".join(lines), not args.no_write, started)
+
+
+if __name__ == "__main__":
+    main()
