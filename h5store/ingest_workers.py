@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from h5store.checksum import item_crc
-from h5store.pio import read_into, write_all
+from h5store.pio import pid_alive, read_into, write_all
 from h5store.schema import Feature, Source
 
 __all__ = ["ForkPool", "Spooled", "chunk_work", "load_chunk", "run_parallel", "spool_folder", "start_workers"]
@@ -165,7 +165,7 @@ def spool_folder(n_workers: int, pool: ForkPool | None = None) -> str | None:
     with contextlib.suppress(OSError):
         for name in os.listdir(_SPOOL_ROOT):
             pid = name[len(_SPOOL_PREFIX):].split("-", 1)[0]
-            if name.startswith(_SPOOL_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            if name.startswith(_SPOOL_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
                 folder = os.path.join(_SPOOL_ROOT, name)
                 if time.time() - os.stat(folder).st_mtime > _SPOOL_STALE_SECONDS:
                     shutil.rmtree(folder, ignore_errors=True)
@@ -174,15 +174,6 @@ def spool_folder(n_workers: int, pool: ForkPool | None = None) -> str | None:
     except OSError:
         return None
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def load_chunk(features: dict[str, Feature], chunk: list[tuple[Source, list[str]]],

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["fsync_dir", "fsync_file", "read_exact", "read_into", "readv_exact", "write_all"]
+__all__ = ["fsync_dir", "fsync_file", "pid_alive", "read_exact", "read_into", "readv_exact", "write_all"]
 
 
 def read_into(fd: int, buf: Any, offset: int) -> int:
@@ -97,3 +97,20 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (another user's counts as alive).
+
+    Examples
+    --------
+    >>> pid_alive(os.getpid())
+    True
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from h5store.pio import pid_alive
 from h5store.serving.buffers import BatchPool
 from h5store.serving.collate import to_torch
 from h5store.serving.dataset import FileDataset
@@ -48,15 +49,6 @@ _RINGS: dict[tuple[int, int], torch.Tensor] = {}
 _SERIAL = itertools.count()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def _adopt(key: tuple[int, int], ring: torch.Tensor) -> torch.Tensor:
     """Keep ``ring`` mapped here under ``key`` (and tell its worker so: header word 0); drop
@@ -65,7 +57,7 @@ def _adopt(key: tuple[int, int], ring: torch.Tensor) -> torch.Tensor:
     if known is not None:
         return known
     pid, serial = key
-    for old in [k for k in _RINGS if (k[0] == pid and k[1] < serial) or not _alive(k[0])]:
+    for old in [k for k in _RINGS if (k[0] == pid and k[1] < serial) or not pid_alive(k[0])]:
         del _RINGS[old]
     _RINGS[key] = ring
     ring.numpy()[:8].view(np.int64)[0] = 1
