@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from h5store.commit_lock import CommitLock
@@ -99,6 +100,26 @@ class ReadOnlyFile(_PositionedFile):
         super().close()
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while HDF5 waits here for s3fs's event-loop thread.
+
+    HDF5 calls :meth:`RemoteFile.readinto` holding h5py's global lock, and the read waits
+    for fsspec's loop thread. A collection that starts on that thread and frees an h5py
+    object (garbage left by the parent's files, in a forked worker above all) needs the same
+    lock: both threads would wait forever (measured: most DataLoader workers forked while
+    the parent read remotely in threads hung this way). Only one thread holds h5py's lock,
+    so only one is ever here; the collector's state is restored on the way out.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class RemoteFile(io.RawIOBase):
     """A read-only remote object for h5py's ``fileobj`` driver: HDF5's metadata reads served
     from aligned blocks of the object, each fetched once (a ranged GET, or the cache folder).
@@ -156,7 +177,8 @@ class RemoteFile(io.RawIOBase):
         blocks = range(a // B, (z - 1) // B + 1)
         missing = [b for b in blocks if b not in self._blocks]
         if missing:
-            got = self.obj.read([b * B for b in missing], [min(self._size, (b + 1) * B) for b in missing])
+            with _collector_paused():
+                got = self.obj.read([b * B for b in missing], [min(self._size, (b + 1) * B) for b in missing])
             for b, data in zip(missing, got):
                 self._blocks[b] = data
         o = 0

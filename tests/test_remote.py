@@ -286,6 +286,50 @@ def test_serve_with_workers_equals_local(outside: Any, context: str, tmp_path: P
         _same(x, z, f"batch {k} from the cache")
 
 
+def test_fork_while_the_parent_reads_remotely_in_threads(outside: Any) -> None:
+    """DataLoader workers forked while other threads of the parent read the same remote file.
+
+    Before the fix most such workers deadlocked on their first open (h5py's global lock held
+    by HDF5 around the read, a garbage collection on s3fs's loop thread freeing an inherited
+    h5py object and waiting for that lock) and failed after ``retry_timeout``.
+    """
+    import threading
+
+    pytest.importorskip("torch")
+    server, path, url = outside
+    opts = dict(storage_options={"endpoint_url": server.endpoint}, retry_timeout=15)
+    spec = dict(x=h5s.Window("mel", 16), g=h5s.Item("gz"))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def background() -> None:
+        try:
+            with h5s.open(url, **opts) as g:
+                while not stop.is_set():
+                    for _ in g.iter_batches(spec, 8, shuffle=True, threads=2):
+                        if stop.is_set():
+                            break
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    with h5s.open(path) as loc:
+        want = list(loc.serve(spec, 20, shuffle=True, seed=3, num_workers=2))
+    t = threading.Thread(target=background)
+    t.start()
+    try:
+        time.sleep(0.5)
+        with h5s.open(url, **opts) as rem:
+            for round_ in range(4):  # each epoch forks two fresh workers mid-read
+                got = list(rem.serve(spec, 20, shuffle=True, seed=3, num_workers=2, multiprocessing_context="fork"))
+                assert len(got) == len(want)
+                for k, (x, y) in enumerate(zip(want, got)):
+                    _same(x, y, f"round {round_} batch {k}")
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors, errors
+
+
 # --------------------------------------------------------------------------- requests
 def test_few_requests_to_open_and_per_batch(tmp_path: Path, server: S3Server) -> None:
     class One(h5s.TypedFile):
