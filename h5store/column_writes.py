@@ -73,7 +73,7 @@ class ColumnWrites:
 
     def _need_writable(self) -> None:
         if not self.writable:
-            raise ReadOnlyError(f"{self.where}: file is open read-only (mode 'r'); reopen with mode 'a'")
+            raise ReadOnlyError.opened(self.where)
 
     def grow_items(self, n: int) -> None:
         """Make room for group rows up to ``n`` (new rows absent)."""

@@ -43,6 +43,19 @@ class NotFound(H5StoreError, KeyError):
 class ReadOnlyError(H5StoreError, PermissionError):
     """A write through a file opened read-only."""
 
+    @classmethod
+    def opened(cls, where: str) -> ReadOnlyError:
+        """The error for a write to ``where`` (a file, or a group or column in one), saying what to do.
+
+        Examples
+        --------
+        >>> str(ReadOnlyError.opened("s3://b/speech.h5"))
+        's3://b/speech.h5: a remote file is read-only; extend a local copy, then upload it (h5store push)'
+        """
+        if str(where).startswith("s3://"):
+            return cls(f"{where}: a remote file is read-only; extend a local copy, then upload it (h5store push)")
+        return cls(f"{where}: file is open read-only (mode 'r'); reopen with mode 'a'")
+
 
 class FormatError(H5StoreError, ValueError):
     """A file that is not a valid h5store file of a version this library reads."""

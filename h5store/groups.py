@@ -117,7 +117,7 @@ class GroupStore:
     def add(self, ids: Sequence[str], items: dict[str, Sequence[Any]]) -> np.ndarray:
         """Append new ids with their items (each list as long as ``ids``); returns their rows."""
         if not self.writable:
-            raise ReadOnlyError(f"{self.where}: file is open read-only (mode 'r'); reopen with mode 'a'")
+            raise ReadOnlyError.opened(self.where)
         for name in items:
             if name not in self.columns:
                 raise SchemaError(f"{self.where}: no feature {name!r} (features: {sorted(self.columns)})")
@@ -139,7 +139,7 @@ class GroupStore:
         >>> store.add_column("x", ColumnSpec(dtype="float64", shape=(None, 7), layout="ragged"))  # doctest: +SKIP
         """
         if not self.writable:
-            raise ReadOnlyError(f"{self.where}: file is open read-only (mode 'r'); reopen with mode 'a'")
+            raise ReadOnlyError.opened(self.where)
         if name in self.columns:
             raise SchemaError(f"{self.where}: feature {name!r} has a column already")
         base = self.where.rstrip("/")

@@ -179,6 +179,10 @@ class RemoteObject:
         if isinstance(e, FileNotFoundError):
             err: RemoteError = RemoteNotFound(None, f"{self.url}: no such object (HTTP 404): check the bucket and "
                                               "key, and the endpoint (AWS_ENDPOINT_URL)")
+        elif type(e).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+            err = RemoteDenied(None, f"{self.url}: no S3 credentials found ({text}): set AWS_ACCESS_KEY_ID and "
+                               "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass storage_options={'key': ..., "
+                               "'secret': ...}; for a public bucket, storage_options={'anon': True}")
         elif isinstance(e, TypeError):  # an argument botocore's session does not take
             err = RemoteError(None, f"{self.url}: the S3 client refused storage_options {sorted(self.storage_options)} "
                               f"({text}); they are s3fs.S3FileSystem's arguments (endpoint_url, key, secret, ...)")

@@ -373,7 +373,7 @@ class TypedFile:
 
     def _need_writable(self) -> None:
         if not self.writable:
-            raise ReadOnlyError(f"{self.path}: file is open read-only (mode 'r'); reopen with mode 'a'")
+            raise ReadOnlyError.opened(self.path)
 
     def describe(self) -> list[dict[str, Any]]:
         """Per group and feature: items, dtype, item shape, length percentiles, bytes on disk,

@@ -452,6 +452,30 @@ def test_missing_object_and_bucket_name_the_url(server: S3Server) -> None:
         h5s.open("s3://no-such-bucket-x/a.h5")
 
 
+def test_missing_credentials_say_where_to_put_them(mixed: tuple[Path, str], server: S3Server,
+                                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _, url = mixed
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    register(url)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteDenied, match=r"s3://.*no S3 credentials.*AWS_ACCESS_KEY_ID.*anon"):
+        h5s.open(url, storage_options={"endpoint_url": server.endpoint}, retries=1, retry_timeout=10)
+    assert time.monotonic() - t0 < 10, "a missing credential is not worth retrying"
+    register(url)
+
+
+def test_writes_to_a_remote_file_say_it_is_read_only(mixed: tuple[Path, str], server: S3Server) -> None:
+    _, url = mixed
+    register(url)
+    with h5s.open(url) as f:
+        with pytest.raises(ReadOnlyError, match=r"s3://.*remote file is read-only.*upload"):
+            f.extend([("new", {"label": 1})])
+
+
 def test_denied_names_the_url(mixed: tuple[Path, str], server: S3Server) -> None:
     _, url = mixed
     register(url)

@@ -1,0 +1,215 @@
+"""h5store's s3:// files against WebDataset tar shards streamed from the same S3 server.
+
+What a WebDataset user writes to train from object storage: the corpus as tar shards of
+``.npy`` samples in a bucket, streamed with ``pipe:curl`` (a public bucket or presigned URLs;
+the fastest opener: no Python per byte), shard-shuffled, buffer-shuffled, decoded, cropped
+and batched with ``np.stack``, with WebDataset's own ``cache_dir`` for later epochs. h5store
+serves one HDF5 file from the same server by ranged GETs, with its cache folder. Both serve
+the same 600 items as random 64-frame windows (shorter items zero-padded) in batches of 32,
+shuffled, with 0 workers and with 2 DataLoader workers; both read from local disk too (the
+tars and the .h5 in the page cache), for reference.
+
+Shuffling differs, in WebDataset's favour: h5store draws a full random permutation per epoch;
+WebDataset shuffles the shard order and then within a 256-sample buffer (consecutive items of
+a shard stay close), which is what lets it read whole shards sequentially.
+
+BEWARE: moto's server reads the whole object for every GET, ranged or not: the cost of one of
+h5store's ranged GETs grows with the file's size (29 MB here), while a WebDataset shard is read
+once per epoch. Against S3 a GET costs 20-80 ms of latency instead; see RESULTS.md's note.
+
+Run: ``python benchmarks/bench_stream.py`` (``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import h5store as h5s
+from benchmarks import _common as C
+from h5store.objstore import register
+from tests.s3_server import ProcessS3Server
+
+HEADING = "h5store s3:// against WebDataset streaming (bench_stream.py)"
+WINDOW = 64
+BS = 32
+
+
+class Speech(h5s.TypedFile):
+    mel = h5s.Array(dtype="float32", shape=(None, C.N_MELS))
+    label = h5s.Scalar(dtype="int64")
+
+
+def make(work: Path, n: int, shards: int) -> tuple[Path, list[Path]]:
+    """The same items as one h5store file and as ``shards`` WebDataset tar shards."""
+    import webdataset as wds
+
+    rng = np.random.default_rng(0)
+    items = [(f"spk{i % 20}/u{i:05d}", rng.standard_normal((int(rng.integers(50, 250)), C.N_MELS)).astype("float32"),
+              i % 7) for i in range(n)]
+    h5 = work / f"speech-{n}.h5"
+    with Speech(h5, mode="w") as w:
+        w.extend([(k, dict(mel=m, label=np.int64(y))) for k, m, y in items])
+    tars = []
+    per = -(-n // shards)
+    for s in range(shards):
+        p = work / f"shard-{s:06d}.tar"
+        with wds.TarWriter(str(p)) as tw:
+            for k, m, y in items[s * per : (s + 1) * per]:
+                tw.write({"__key__": k.replace("/", "_"), "mel.npy": m, "cls": y})
+        tars.append(p)
+    return h5, tars
+
+
+def crop(mel: np.ndarray) -> np.ndarray:
+    """A random 64-frame window (zero-padded when shorter), as h5s.Window serves."""
+    n = len(mel)
+    if n <= WINDOW:
+        out = np.zeros((WINDOW, mel.shape[1]), mel.dtype)
+        out[:n] = mel
+        return out
+    a = np.random.randint(0, n - WINDOW + 1)
+    return mel[a : a + WINDOW]
+
+
+def collate(samples: list[tuple[np.ndarray, int]]) -> tuple[np.ndarray, np.ndarray]:
+    return np.stack([s[0] for s in samples]), np.asarray([s[1] for s in samples], np.int64)
+
+
+def wds_pipeline(urls: list[str], cache_dir: str | None) -> Any:
+    import webdataset as wds
+
+    kw: dict[str, Any] = {} if cache_dir is None else dict(cache_dir=cache_dir)
+    return (wds.WebDataset(urls, shardshuffle=100, workersplitter=wds.split_by_worker, empty_check=False, **kw)
+            .shuffle(256)
+            .decode()
+            .to_tuple("mel.npy", "cls")
+            .map_tuple(crop, int)
+            .batched(BS, collation_fn=collate, partial=True))
+
+
+def wds_loader(urls: list[str], cache_dir: str | None, workers: int) -> Any:
+    ds = wds_pipeline(urls, cache_dir)
+    if not workers:
+        return ds
+    import torch.utils.data
+
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+
+
+def tuple_size(b: Any) -> tuple[int, int]:
+    x = b[0]
+    return len(x), int(x.nbytes)
+
+
+def main() -> None:
+    ap = C.parser(__doc__, "where the benchmark files and the cache folders go")
+    args = ap.parse_args()
+    started = time.perf_counter()
+    n = 150 if args.quick else 600
+    shards = 4 if args.quick else 8
+    repeat = 2 if args.quick else 3
+    work = Path(args.cache_dir) / "stream"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    h5, tars = make(work, n, shards)
+    srv = ProcessS3Server().start()
+    os.environ.update(srv.env())
+    url = srv.put("bench", h5.name, str(h5))
+    for p in tars:
+        srv.put("bench", p.name, str(p))
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=srv.endpoint, region_name="us-east-1")
+    # Presigned GETs (the bucket is private): what a WebDataset user hands to curl.
+    http = [f"pipe:curl -s -f '{s3.generate_presigned_url('get_object', Params=dict(Bucket='bench', Key=p.name))}'"
+            for p in tars]
+    local_tars = [str(p) for p in tars]
+    spec = dict(x=h5s.Window("mel", WINDOW), y=h5s.Item("label"))
+    h5_mb = h5.stat().st_size / 1e6
+    tar_mb = sum(p.stat().st_size for p in tars) / 1e6
+    lines = [f"Data: {n} items of (50-250, {C.N_MELS}) float32 log-mels and a label: one {h5_mb:.0f} MB h5store "
+             f"file, or {shards} WebDataset tar shards of .npy samples ({tar_mb:.0f} MB in all), in one moto S3 "
+             f"server on 127.0.0.1 (its own process). Random {WINDOW}-frame windows, batches of {BS}, shuffled.", ""]
+    with C.LoadAverage() as load:
+        # -- the first batch of a cold open / a fresh pipeline -----------------------------
+        def h5_first() -> C.Run:
+            register(url)
+
+            def go() -> tuple[int, int]:
+                with h5s.open(url) as g:
+                    return tuple_size(tuple(next(iter(g.iter_batches(spec, BS, shuffle=True))).values()))
+            return C.timed(go)
+
+        def wds_first() -> C.Run:
+            return C.timed(lambda: tuple_size(next(iter(wds_pipeline(http, None)))))
+
+        first = C.rounds({"h5store s3://": h5_first, "WebDataset (curl)": wds_first}, repeat, "first batch")
+        base = first["WebDataset (curl)"]
+        lines += ["Open + first batch, a fresh open / pipeline each run (best of interleaved rounds):", "",
+                  C.md_table(["pipeline", "seconds", "speed vs WebDataset"],
+                             [[k, f"{v.best.seconds:.3f}", C.fmt_ratio(v.rate / base.rate)] for k, v in first.items()]),
+                  ""]
+
+        # -- whole epochs: streamed, from each library's cache, from local disk ----------------
+        rows = []
+        for workers in (0, 2):
+            def h5_epoch(src: str, cache: str | None, warm: bool, workers: int = workers) -> C.Run:
+                kw = {} if cache is None else dict(cache_dir=cache)
+                if cache is not None and not warm:
+                    shutil.rmtree(cache, ignore_errors=True)
+                if src.startswith("s3://"):
+                    register(src, **kw)
+                with h5s.open(src, **kw) as g:
+                    loader = (g.serve(spec, BS, shuffle=True, num_workers=workers) if workers
+                              else g.iter_batches(spec, BS, shuffle=True))
+                    return C.time_batches(lambda: loader, min_seconds=0.0, whole_epochs=True,
+                                          size=lambda b: tuple_size(tuple(b.values())))
+
+            def wds_epoch(urls: list[str], cache: str | None, warm: bool, workers: int = workers) -> C.Run:
+                if cache is not None and not warm:
+                    shutil.rmtree(cache, ignore_errors=True)
+                if cache is not None:
+                    os.makedirs(cache, exist_ok=True)
+                loader = wds_loader(urls, cache, workers)
+                return C.time_batches(lambda: loader, min_seconds=0.0, whole_epochs=True, size=tuple_size)
+
+            h5_warm, wds_warm = str(work / f"h5-cache-{workers}"), str(work / f"wds-cache-{workers}")
+            h5_epoch(url, h5_warm, warm=False)  # fill each cache once
+            wds_epoch(http, wds_warm, warm=False)
+            got = C.rounds({
+                "h5store: epoch 1 from the server": lambda e=h5_epoch: e(url, None, False),
+                "WebDataset: epoch 1 from the server": lambda e=wds_epoch: e(http, None, False),
+                "h5store: epoch 2 from its cache folder": lambda e=h5_epoch, d=h5_warm: e(url, d, True),
+                "WebDataset: epoch 2 from its cache_dir": lambda e=wds_epoch, d=wds_warm: e(http, d, True),
+                "h5store: local file": lambda e=h5_epoch: e(str(h5), None, False),
+                "WebDataset: local tar shards": lambda e=wds_epoch: e(local_tars, None, False),
+            }, repeat, f"epochs, {workers} workers")
+            for what in ("epoch 1 from the server", "epoch 2 from", "local"):
+                h = next(v for k, v in got.items() if k.startswith("h5store") and what in k)
+                w = next(v for k, v in got.items() if k.startswith("WebDataset") and what in k)
+                label = {"epoch 2 from": "epoch 2 from the cache", "local": "local disk"}.get(what, what)
+                rows.append([workers, label, C.fmt_rate(h.rate), C.fmt_rate(w.rate), C.fmt_ratio(h.rate / w.rate)])
+        lines += ["Whole epochs, items/s, best of interleaved rounds; 0 workers: h5store's `iter_batches`, the "
+                  "WebDataset pipeline iterated directly; 2 workers: `serve(num_workers=2)` and "
+                  "`DataLoader(pipeline, batch_size=None, num_workers=2)` (fork):", "",
+                  C.md_table(["workers", "epoch", "h5store", "WebDataset", "h5store vs WebDataset"], rows), ""]
+    srv.stop()
+    lines += [C.load_note(load.span), "",
+              f"Command: `python benchmarks/bench_stream.py{' --quick' if args.quick else ''}` ({C.today()}).",
+              "moto's server reads the whole object for every GET: each of h5store's ranged GETs costs it the "
+              f"{h5_mb:.0f} MB file's read, each WebDataset shard one read per epoch. On S3 a GET costs 20-80 ms of "
+              "latency whatever its size, which favours the fewer, larger requests of both libraries' caches."]
+    C.publish(HEADING, "\n".join(lines), not args.no_write, started)
+
+
+if __name__ == "__main__":
+    main()
