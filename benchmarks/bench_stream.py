@@ -193,19 +193,21 @@ def main() -> None:
                 "WebDataset: epoch 1 from the server": lambda e=wds_epoch: e(http, None, False),
                 "h5store: epoch 1 from the server, shuffle='chunks'": lambda e=h5_epoch: e(url, None, False,
                                                                                            shuffle="chunks"),
+                "h5store: epoch 1 filling its cache folder": lambda e=h5_epoch: e(url, str(work / "h5-cold"), False),
+                "WebDataset: epoch 1 filling its cache_dir": lambda e=wds_epoch: e(http, str(work / "wds-cold"), False),
                 "h5store: epoch 2 from its cache folder": lambda e=h5_epoch, d=h5_warm: e(url, d, True),
                 "WebDataset: epoch 2 from its cache_dir": lambda e=wds_epoch, d=wds_warm: e(http, d, True),
                 "h5store: local file": lambda e=h5_epoch: e(str(h5), None, False),
                 "WebDataset: local tar shards": lambda e=wds_epoch: e(local_tars, None, False),
             }, repeat, f"epochs, {workers} workers")
-            for what in ("epoch 1 from the server", "epoch 1 from the server, shuffle='chunks'", "epoch 2 from",
-                         "local"):
-                h = next(v for k, v in got.items() if k.startswith("h5store") and k.endswith(what)
-                         or what in ("epoch 2 from", "local") and k.startswith("h5store") and what in k)
-                w = next(v for k, v in got.items() if k.startswith("WebDataset") and what.split(",")[0] in k)
-                label = {"epoch 2 from": "epoch 2 from the cache", "local": "local disk",
-                         "epoch 1 from the server, shuffle='chunks'": "epoch 1 from the server "
-                         "(h5store: `shuffle=\"chunks\"`)"}.get(what, what)
+            for label, hk, wk in (
+                    ("epoch 1 from the server", "epoch 1 from the server", "epoch 1 from the server"),
+                    ("epoch 1 from the server (h5store: `shuffle=\"chunks\"`)",
+                     "epoch 1 from the server, shuffle='chunks'", "epoch 1 from the server"),
+                    ("epoch 1 filling the cache", "epoch 1 filling its cache folder", "epoch 1 filling its cache_dir"),
+                    ("epoch 2 from the cache", "epoch 2 from its cache folder", "epoch 2 from its cache_dir"),
+                    ("local disk", "local file", "local tar shards")):
+                h, w = got[f"h5store: {hk}"], got[f"WebDataset: {wk}"]
                 rows.append([workers, label, C.fmt_rate(h.rate), C.fmt_rate(w.rate), C.fmt_ratio(h.rate / w.rate)])
         lines += ["Whole epochs, items/s, best of interleaved rounds; 0 workers: h5store's `iter_batches`, the "
                   "WebDataset pipeline iterated directly; 2 workers: `serve(num_workers=2)` and "

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from h5store.errors import H5StoreError
+from h5store.objstore import is_remote
 from h5store.typed_file import TypedFile
 
 __all__ = ["PRESETS", "main", "preset"]
@@ -112,7 +113,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     with h5store.open(args.file) as f:
         schema = f.file_schema
-        size = os.path.getsize(args.file)
+        if is_remote(args.file):
+            from h5store.objstore import remote_object
+
+            size = remote_object(args.file).size
+        else:
+            size = os.path.getsize(args.file)
         print(f"{args.file}: {schema.name}, {len(f)} ids, {_human(size)} on disk, "
               f"h5store format {f.h5.attrs.get('h5store_format')} (written by {f.h5.attrs.get('h5store_version')})")
         head = f"{'group/feature':<24} {'type':<26} {'items':>9} {'dtype':<8} {'item shape':<14} {'length p0/p50/p95/max':<24} {'disk':>10} {'compr.':>8}"
@@ -211,7 +217,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if args.n < 0:
         raise CLIError(f"-n takes the number of items to show (>= 0), got {args.n}")
-    out = args.output or f"{os.path.splitext(os.path.basename(args.file))[0]}-report.html"
+    name = args.file.rstrip("/").rpartition("/")[2] if is_remote(args.file) else os.path.basename(args.file)
+    out = args.output or f"{os.path.splitext(name)[0]}-report.html"
     try:
         with h5store.open(args.file) as f:
             info = f.report_html(out, n=args.n, seed=args.seed, verify=args.verify)

@@ -45,6 +45,7 @@ from h5store.errors import H5StoreError
 from h5store.features.audio import Audio, MagSpectrogram
 from h5store.ingest_report import stored_failures
 from h5store.integrity import verify as verify_file
+from h5store.objstore import is_remote, remote_object
 from h5store.plot import draw
 from h5store.schema import Feature
 
@@ -200,10 +201,10 @@ def _overview(f: Any, n_shown: int, seed: int, verify: str) -> str:
     version = getattr(sys.modules.get("h5store"), "__version__", "?")
     groups = [g for g in f.file_schema.groups if g]
     rows = [
-        ("file", os.path.abspath(f.path)),
+        ("file", f.path if is_remote(f.path) else os.path.abspath(f.path)),
         ("schema class", f.file_schema.name),
         ("ids", f"{len(f):,}" + (f" (groups: {', '.join(f'{g} {len(f.group(g)):,}' for g in groups)})" if groups else "")),
-        ("size on disk", _human(os.path.getsize(f.path))),
+        ("size on disk", _human(remote_object(f.path).size if is_remote(f.path) else os.path.getsize(f.path))),
         ("format version", h5.attrs.get("h5store_format", "?")),
         ("written by", f"h5store {h5.attrs.get('h5store_version', '?')}"),
         ("this report", f"h5store {version}, {datetime.datetime.now().isoformat(timespec='seconds')}; "
@@ -665,7 +666,7 @@ def write_report(file: Any, path: str | os.PathLike[str], n: int = 8, seed: int 
     t4 = time.perf_counter()
     info.seconds = dict(statistics=t1 - t0, items=t2 - t1, verify=t3 - t2, logs=t4 - t3)
     timing = ", ".join(f"{k} {v:.2f} s" for k, v in info.seconds.items())
-    page = _page(title or f"{os.path.basename(file.path)}", sections)
+    page = _page(title or file.path.rstrip("/").rpartition("/")[2], sections)
     info.seconds["total"] = time.perf_counter() - t0
     page = page.replace("@@TIMING@@", _e(f"{info.seconds['total']:.2f} s to build this page ({timing}); "
                                          f"{info.items_read} items read"), 1)

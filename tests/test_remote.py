@@ -330,6 +330,24 @@ def test_fork_while_the_parent_reads_remotely_in_threads(outside: Any) -> None:
     assert not errors, errors
 
 
+def test_cli_info_and_report_take_urls(mixed: tuple[Path, str], server: S3Server, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    from h5store.cli import main
+
+    path, url = mixed
+    register(url)
+    assert main(["info", url]) == 0
+    out = capsys.readouterr().out
+    with h5s.open(path) as loc:
+        n = len(loc)
+    assert out.startswith(f"{url}: ") and f"{n} ids" in out, out
+    html = tmp_path / "r.html"
+    assert main(["report", url, "-o", str(html), "-n", "2", "--verify", "none"]) == 0
+    page = html.read_text()
+    assert url in page and "mixed.h5" in page
+
+
 # --------------------------------------------------------------------------- requests
 def test_few_requests_to_open_and_per_batch(tmp_path: Path, server: S3Server) -> None:
     class One(h5s.TypedFile):
