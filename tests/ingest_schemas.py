@@ -97,3 +97,15 @@ class WarningNumbers(Numbers):
 
 class WarnNums(h5s.TypedFile):
     nums = WarningNumbers()
+
+
+class LabeledNums(h5s.TypedFile):
+    """Numbers plus a label vocabulary learned in ``prepare`` (the sharded-create tests)."""
+
+    nums = Numbers()
+    label = h5s.DirLabel()
+
+
+class PacedLabeledNums(h5s.TypedFile):
+    nums = PacedNumbers()
+    label = h5s.DirLabel()
