@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from h5store.errors import FormatError, SchemaError, TargetExistsError
 from h5store.ingest import IngestReport, create, plan_sources
-from h5store.pio import fsync_dir, fsync_file
+from h5store.pio import fsync_dir
 from h5store.schema import Feature, Source
 from h5store.serving.multifile import MultiFile, schema_hash
 
