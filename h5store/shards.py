@@ -42,6 +42,7 @@ import json
 import math
 import os
 import time
+import uuid
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -198,16 +199,22 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     plan_key = [[name, len(srcs), first, last] for name, srcs, first, last in plan]
     os.makedirs(folder, exist_ok=True)
     draft_path = os.path.join(folder, _DRAFT)
-    done = _kept_shards(folder, draft_path, plan_key, prepared) if resume else {}
+    done, token = _kept_shards(folder, draft_path, plan_key, prepared) if resume else ({}, "")
+    # This build's shards are written under hidden names of their own (".<token>.shard-..."),
+    # and renamed to their final names here, once recorded: a task that Dask runs again
+    # (its worker died after the result was fetched) never rewrites a published shard.
+    token = token or uuid.uuid4().hex[:12]
     draft = {"format": _FORMAT, "version": _VERSION, "plan": plan_key, "params": _params(prepared),
-             "done": done}
+             "token": token, "done": done}
     _write_json(draft_path, draft)
 
     todo = [(name, srcs) for name, srcs, _, _ in plan if name not in done]
     bar = tqdm(total=n, initial=n - len(todo), unit="shard", disable=not progress, desc=f"h5store create {folder}")
     reports: dict[str, IngestReport] = {}
     try:
-        for entry, report in _build_all(cls, folder, todo, root, prepared, resume, on_error, n_workers):
+        for entry, report in _build_all(cls, folder, token, todo, root, prepared, resume, on_error, n_workers):
+            os.replace(os.path.join(folder, _hidden(token, entry["file"])), os.path.join(folder, entry["file"]))
+            fsync_dir(os.path.join(folder, entry["file"]))
             done[entry["file"]] = entry
             reports[entry["file"]] = report
             _write_json(draft_path, draft)  # the resume point: this shard is complete
@@ -230,6 +237,10 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     _write_json(manifest_path, manifest)  # last: every shard it names is in place
     os.unlink(draft_path)
     fsync_dir(draft_path)
+    for leftover in os.listdir(folder):  # shards of killed runs or of tasks run twice, never published
+        if leftover.startswith(".") and ".shard-" in leftover:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, leftover))
     if old is not None:  # a replaced dataset's shards that the new one does not name
         keep = {e["file"] for e in entries}
         for e in old.get("shards", []):
@@ -247,8 +258,9 @@ def _params(prepared: dict[str, Feature]) -> str:
 
 
 def _kept_shards(folder: str, draft_path: str, plan_key: list[list[Any]],
-                 prepared: dict[str, Feature]) -> dict[str, dict[str, Any]]:
-    """The shards a previous run completed that are still intact, by file name.
+                 prepared: dict[str, Feature]) -> tuple[dict[str, dict[str, Any]], str]:
+    """The shards a previous run completed that are still intact, by file name, and its token
+    (whose partial files the shards still to build continue from).
 
     A draft of another plan (other sources, another shard size) or other prepared
     parameters (a vocabulary that grew) keeps nothing: every shard is built again.
@@ -257,9 +269,9 @@ def _kept_shards(folder: str, draft_path: str, plan_key: list[list[Any]],
         with open(draft_path) as f:
             draft = json.load(f)
     except (OSError, ValueError):
-        return {}
+        return {}, ""
     if draft.get("plan") != plan_key or draft.get("params") != _params(prepared):
-        return {}
+        return {}, ""
     kept = {}
     for name, entry in draft.get("done", {}).items():
         p = os.path.join(folder, name)
@@ -269,23 +281,32 @@ def _kept_shards(folder: str, draft_path: str, plan_key: list[list[Any]],
             intact = False
         if intact:
             kept[name] = entry
-    return kept
+    token = draft.get("token")
+    return kept, token if isinstance(token, str) and token.isalnum() else ""
 
 
-def build_shard(cls: type[TypedFile], target: str, sources: list[Source], root: str, prepared: dict[str, Feature],
-                resume: bool, on_error: str) -> tuple[dict[str, Any], IngestReport]:
+def _hidden(token: str, name: str) -> str:
+    """Where a build writes a shard before the caller publishes it under ``name``."""
+    return f".{token}.{name}"
+
+
+def build_shard(cls: type[TypedFile], folder: str, name: str, token: str, sources: list[Source], root: str,
+                prepared: dict[str, Feature], resume: bool, on_error: str) -> tuple[dict[str, Any], IngestReport]:
     """Build one shard (in a Dask worker or a pool process): an ordinary create of its sources
-    in this process, then its manifest entry (id range, count, size, CRC-32, schema hash).
+    in this process, to ``folder/.<token>.<name>`` (the caller renames it to ``name`` once
+    recorded), then its manifest entry (id range, count, size, CRC-32, schema hash).
 
     Examples
     --------
-    >>> entry, report = build_shard(Speech, "ds/shard-00000-of-00001.h5", srcs, root, prepared, False, "skip")  # doctest: +SKIP
+    >>> entry, report = build_shard(Speech, "ds", "shard-00000-of-00001.h5", "3fa2", srcs, root, prepared,
+    ...                             False, "skip")  # doctest: +SKIP
     """
+    target = os.path.join(folder, _hidden(token, name))
     f = create(cls, target, sources, n_workers=1, mode="w", resume=resume, on_error=on_error, progress=False,
                root=root, prepared=prepared)
     try:
         n = len(f)
-        entry = {"file": os.path.basename(target), "items": n, "first": f.ids[0] if n else None,
+        entry = {"file": name, "items": n, "first": f.ids[0] if n else None,
                  "last": f.ids[n - 1] if n else None, "schema_hash": schema_hash(f.file_schema)}
         report = f.report  # type: ignore[attr-defined]
     finally:
@@ -316,13 +337,13 @@ def _dask_client() -> Any:
         return None
 
 
-def _build_all(cls: type[TypedFile], folder: str, todo: list[tuple[str, list[Source]]], root: str,
+def _build_all(cls: type[TypedFile], folder: str, token: str, todo: list[tuple[str, list[Source]]], root: str,
                prepared: dict[str, Feature], resume: bool, on_error: str,
                n_workers: int | None) -> Iterator[tuple[dict[str, Any], IngestReport]]:
     """Build the shards of ``todo``, yielding each one's entry and report as it completes."""
     if not todo:
         return
-    args = [(cls, os.path.join(folder, name), srcs, root, prepared, resume, on_error) for name, srcs in todo]
+    args = [(cls, folder, name, token, srcs, root, prepared, resume, on_error) for name, srcs in todo]
     client = _dask_client()
     if client is not None:
         from distributed import as_completed
@@ -330,12 +351,12 @@ def _build_all(cls: type[TypedFile], folder: str, todo: list[tuple[str, list[Sou
         # Each worker writes whole shards to the shared folder; a worker that dies is
         # replaced and its shard run again by the scheduler (the create resumes its partial file).
         futures = [client.submit(build_shard, *a, pure=False) for a in args]
-        try:
-            for fut in as_completed(futures):
-                yield fut.result()
-        finally:
-            for fut in futures:
-                fut.cancel()
+        pending = as_completed(futures)
+        del futures
+        for fut in pending:
+            result = fut.result()
+            fut.release()  # no longer wanted: the scheduler does not run it again if its worker dies
+            yield result
         return
     n = min(n_workers or len(os.sched_getaffinity(0)), len(args))
     if n <= 1:

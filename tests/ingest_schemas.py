@@ -109,3 +109,11 @@ class LabeledNums(h5s.TypedFile):
 class PacedLabeledNums(h5s.TypedFile):
     nums = PacedNumbers()
     label = h5s.DirLabel()
+
+
+def set_load_delay(seconds: float | None) -> None:
+    """Set (None: unset) PacedNumbers' delay in this process (run on Dask workers by client.run)."""
+    if seconds is None:
+        os.environ.pop("H5STORE_TEST_LOAD_DELAY", None)
+    else:
+        os.environ["H5STORE_TEST_LOAD_DELAY"] = str(seconds)
