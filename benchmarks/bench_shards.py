@@ -13,8 +13,9 @@ cluster's start, the work, the cluster's shutdown all counted), interleaved roun
   the workers' arrays travel back to the one writer (today's way of using a cluster).
 * **Dask, shards**: the same cluster, ``Speech.create(folder_out, folder, shards=4)``: each
   worker writes whole shards itself; the caller only records them and writes ``index.json``.
-* **local shards, 2 processes**: ``Speech.create(folder_out, folder, shards=4, n_workers=2)``
-  without Dask (loky processes, each writing whole shards).
+* **local shards**: ``Speech.create(folder_out, folder, shards=4, n_workers=2)`` without Dask:
+  the shards one after another, each an ordinary create with 2 forked workers (the default), and
+  with ``shard_processes=True``: 2 shards at once, each in a loky process of its own.
 
 Figures: the wall time of each process (best of the rounds) and its ratio to the baseline's;
 beside it the time of the create call alone (cluster start excluded). The machine has 2 cores
@@ -82,8 +83,9 @@ if kind == "single":
 elif kind == "dask-writer":
     with joblib.parallel_config(backend="dask"):
         f = Speech.create(out, sources=folder, n_workers=2, mode="w", progress=False)
-else:  # dask-shards, local-shards
-    f = Speech.create(out, sources=folder, shards=shards, n_workers=2, mode="w", progress=False)
+else:  # dask-shards, local-shards, local-shard-processes
+    f = Speech.create(out, sources=folder, shards=shards, n_workers=2, mode="w", progress=False,
+                      shard_processes=kind == "local-shard-processes")
 t_end = time.time()
 n, stored = len(f), f.report.n_stored
 f.close()
@@ -94,7 +96,8 @@ print(json.dumps(dict(t_start=t_start, t_call=t_call, t_end=t_end, n=n, stored=s
 """
 
 NAMES = {"single": "single writer, n_workers=2 (baseline)", "dask-writer": "Dask (2 workers), one writer",
-         "dask-shards": "Dask (2 workers), shards", "local-shards": "local shards, 2 processes"}
+         "dask-shards": "Dask (2 workers), shards", "local-shards": "local shards, one after another, n_workers=2",
+         "local-shard-processes": "local shards, 2 at once (shard_processes=True)"}
 
 
 def one_shot(kind: str, folder: Path, out: str, shards: int) -> dict[str, Any]:
@@ -128,7 +131,7 @@ def same_items(single: str, sharded: str) -> int:
 
 def measure(folder: Path, cfg: Config, tmp: str) -> dict[str, Any]:
     reports: dict[str, list[dict[str, Any]]] = {k: [] for k in NAMES}
-    outs = {k: os.path.join(tmp, k + ("" if "shards" in k else ".h5")) for k in NAMES}
+    outs = {k: os.path.join(tmp, k + ("" if "shard" in k else ".h5")) for k in NAMES}
 
     def runner(kind: str) -> Any:
         def run() -> C.Run:
@@ -140,7 +143,7 @@ def measure(folder: Path, cfg: Config, tmp: str) -> dict[str, Any]:
     timings = C.rounds({NAMES[k]: runner(k) for k in NAMES}, cfg.rounds, "one-shot")
     for k in NAMES:
         del reports[k][0]  # the warm-up's (it fills the page cache)
-    checked = {k: same_items(outs["single"], outs[k]) for k in ("dask-shards", "local-shards")}
+    checked = {k: same_items(outs["single"], outs[k]) for k in NAMES if "shard" in k}
     return {"timings": timings, "reports": reports, "checked": checked}
 
 
@@ -159,7 +162,7 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
     lines = [
         f"Command: `{cmd}`. {cfg.n_wavs} wavs of {cfg.min_s:g}-{cfg.max_s:g} s (16 kHz) -> mel + magnitude "
         f"spectrograms, {n} items; sharded into {cfg.shards} shards. Each run is a fresh process (one-shot), "
-        f"the four pipelines interleaved over {cfg.rounds} timed rounds after one untimed warm-up round each; "
+        f"the five pipelines interleaved over {cfg.rounds} timed rounds after one untimed warm-up round each; "
         "best and median of the rounds; ratios are the baseline's best wall time over the pipeline's "
         "(> 1: faster than the baseline).",
         "",

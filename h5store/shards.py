@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from h5store.errors import FormatError, SchemaError, TargetExistsError
 from h5store.ingest import IngestReport, create, plan_sources
+from h5store.objstore import RemoteObject, is_remote
 from h5store.pio import fsync_dir
 from h5store.schema import Feature, Source
 from h5store.serving.multifile import MultiFile, schema_hash
@@ -107,14 +108,19 @@ def _folder(path: str) -> str:
 
 
 def is_sharded(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a sharded dataset: its folder (holding ``index.json``) or that manifest.
+    """Whether ``path`` is a sharded dataset: its folder (holding ``index.json``) or that manifest
+    (an ``s3://`` one: its URL ending in ``/index.json`` or ``/``).
 
     Examples
     --------
     >>> is_sharded("speech/"), is_sharded("speech/index.json"), is_sharded("speech.h5")  # doctest: +SKIP
     (True, True, False)
+    >>> is_sharded("s3://bucket/speech/index.json"), is_sharded("s3://bucket/speech.h5")
+    (True, False)
     """
     p = os.fspath(path)
+    if is_remote(p):
+        return p.endswith("/") or p.rsplit("/", 1)[-1] == MANIFEST
     if os.path.isdir(p):
         return os.path.isfile(os.path.join(p, MANIFEST))
     return os.path.basename(p) == MANIFEST
@@ -124,7 +130,8 @@ def is_sharded(path: str | os.PathLike[str]) -> bool:
 def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *,
                    shard_size: int | None = None, shards: int | None = None, n_workers: int | None = None,
                    mode: str | None = None, overwrite: bool = False, resume: bool = False,
-                   on_error: str = "skip", progress: bool = True, root: str | None = None) -> ShardedDataset:
+                   on_error: str = "skip", progress: bool = True, root: str | None = None,
+                   shard_processes: bool = False) -> ShardedDataset:
     """Build a sharded dataset: a folder of complete h5store files and its ``index.json``.
 
     Called by ``Speech.create(path, sources, shard_size=...)`` (or ``shards=``).
@@ -143,11 +150,21 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     shards : int, optional
         Number of shards (ids split as evenly as contiguous runs allow). One of the two.
     n_workers : int, optional
-        Shards built at once without Dask (default: all cores); each shard is one process.
-        On Dask, the cluster's workers decide.
+        Without Dask: the worker processes of each shard's create, the shards built one
+        after another (default: all cores), as an unsharded create's; with
+        ``shard_processes=True``, the number of shards built at once, one process each. On
+        Dask, the cluster's workers decide (each shard is built in one worker).
+    shard_processes : bool
+        Without Dask, build shards in parallel processes (loky; one per shard at a time)
+        rather than one after another with ``n_workers`` forked workers each. Measured on 2
+        cores (``benchmarks/bench_shards.py``): one after another is faster there, the
+        processes' start (fresh interpreters) costing more than the one writer.
     mode, overwrite
         As for create: an existing dataset at ``path`` is refused unless ``mode="w"``
         (``overwrite=True``); appending to a sharded dataset (``mode="a"``) is not supported.
+        Replacing removes the old manifest first (the old dataset no longer opens while the
+        new one is built: its shards are being replaced), then the old shards the new
+        manifest does not name.
     resume : bool
         Keep the shards the draft manifest records as complete (size and CRC-32 checked
         again) and build the others; a shard killed midway continues from its partial file.
@@ -198,6 +215,17 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
         plan.append((shard_name(k, n), [s for g in part for s in g], part[0][0].id, part[-1][0].id))
     plan_key = [[name, len(srcs), first, last] for name, srcs, first, last in plan]
     os.makedirs(folder, exist_ok=True)
+    old: Any = None
+    if os.path.exists(manifest_path):
+        try:
+            old = read_manifest(manifest_path, check=False)
+        except FormatError:
+            old = {}  # unreadable: replaced all the same
+    if old is not None:
+        # Replacing: the old manifest goes before any new shard takes an old shard's name, so
+        # no reader ever sees a manifest naming shards of another build.
+        os.unlink(manifest_path)
+        fsync_dir(manifest_path)
     draft_path = os.path.join(folder, _DRAFT)
     done, token = _kept_shards(folder, draft_path, plan_key, prepared) if resume else ({}, "")
     # This build's shards are written under hidden names of their own (".<token>.shard-..."),
@@ -212,7 +240,8 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     bar = tqdm(total=n, initial=n - len(todo), unit="shard", disable=not progress, desc=f"h5store create {folder}")
     reports: dict[str, IngestReport] = {}
     try:
-        for entry, report in _build_all(cls, folder, token, todo, root, prepared, resume, on_error, n_workers):
+        for entry, report in _build_all(cls, folder, token, todo, root, prepared, resume, on_error, n_workers,
+                                        shard_processes):
             os.replace(os.path.join(folder, _hidden(token, entry["file"])), os.path.join(folder, entry["file"]))
             fsync_dir(os.path.join(folder, entry["file"]))
             done[entry["file"]] = entry
@@ -233,7 +262,6 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     manifest = {"format": _FORMAT, "version": _VERSION, "schema_hash": entries[0]["schema_hash"],
                 "class": cls.__name__, "items": sum(e["items"] for e in entries), "checksum": "crc32",
                 "shards": [{k: e[k] for k in ("file", "first", "last", "items", "bytes", "crc32")} for e in entries]}
-    old = read_manifest(manifest_path, check=False) if os.path.exists(manifest_path) else None
     _write_json(manifest_path, manifest)  # last: every shard it names is in place
     os.unlink(draft_path)
     fsync_dir(draft_path)
@@ -241,7 +269,7 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
         if leftover.startswith(".") and ".shard-" in leftover:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(folder, leftover))
-    if old is not None:  # a replaced dataset's shards that the new one does not name
+    if isinstance(old, dict):  # a replaced dataset's shards that the new one does not name
         keep = {e["file"] for e in entries}
         for e in old.get("shards", []):
             if isinstance(e, dict) and e.get("file") not in keep and "/" not in str(e.get("file")):
@@ -291,7 +319,8 @@ def _hidden(token: str, name: str) -> str:
 
 
 def build_shard(cls: type[TypedFile], folder: str, name: str, token: str, sources: list[Source], root: str,
-                prepared: dict[str, Feature], resume: bool, on_error: str) -> tuple[dict[str, Any], IngestReport]:
+                prepared: dict[str, Feature], resume: bool, on_error: str,
+                n_workers: int = 1) -> tuple[dict[str, Any], IngestReport]:
     """Build one shard (in a Dask worker or a pool process): an ordinary create of its sources
     in this process, to ``folder/.<token>.<name>`` (the caller renames it to ``name`` once
     recorded), then its manifest entry (id range, count, size, CRC-32, schema hash).
@@ -302,7 +331,7 @@ def build_shard(cls: type[TypedFile], folder: str, name: str, token: str, source
     ...                             False, "skip")  # doctest: +SKIP
     """
     target = os.path.join(folder, _hidden(token, name))
-    f = create(cls, target, sources, n_workers=1, mode="w", resume=resume, on_error=on_error, progress=False,
+    f = create(cls, target, sources, n_workers=n_workers, mode="w", resume=resume, on_error=on_error, progress=False,
                root=root, prepared=prepared)
     try:
         n = len(f)
@@ -339,7 +368,7 @@ def _dask_client() -> Any:
 
 def _build_all(cls: type[TypedFile], folder: str, token: str, todo: list[tuple[str, list[Source]]], root: str,
                prepared: dict[str, Feature], resume: bool, on_error: str,
-               n_workers: int | None) -> Iterator[tuple[dict[str, Any], IngestReport]]:
+               n_workers: int | None, processes: bool) -> Iterator[tuple[dict[str, Any], IngestReport]]:
     """Build the shards of ``todo``, yielding each one's entry and report as it completes."""
     if not todo:
         return
@@ -358,11 +387,12 @@ def _build_all(cls: type[TypedFile], folder: str, token: str, todo: list[tuple[s
             fut.release()  # no longer wanted: the scheduler does not run it again if its worker dies
             yield result
         return
-    n = min(n_workers or len(os.sched_getaffinity(0)), len(args))
-    if n <= 1:
-        for a in args:
-            yield build_shard(*a)
+    n = n_workers or len(os.sched_getaffinity(0))
+    if not processes or n <= 1 or len(args) == 1:
+        for a in args:  # one after another, each with the forked workers of an ordinary create
+            yield build_shard(*a, n_workers=n)
         return
+    n = min(n, len(args))
     import joblib
 
     par = joblib.Parallel(n_jobs=n, return_as="generator_unordered", backend="loky")
@@ -384,8 +414,10 @@ def _merged(reports: Sequence[IngestReport], wall: float) -> IngestReport:
 
 
 # ----------------------------------------------------------------------------- open
-def read_manifest(path: str | os.PathLike[str], check: bool = True) -> dict[str, Any]:
-    """The manifest of a sharded dataset (its folder or ``index.json``), its fields checked.
+def read_manifest(path: str | os.PathLike[str], check: bool = True,
+                  storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of a sharded dataset (its folder or ``index.json``, local or ``s3://``), its
+    fields checked.
 
     Examples
     --------
@@ -394,10 +426,15 @@ def read_manifest(path: str | os.PathLike[str], check: bool = True) -> dict[str,
     (13100, ['shard-00000-of-00004.h5'])
     """
     p = os.fspath(path)
-    p = os.path.join(p, MANIFEST) if os.path.isdir(p) else p
     try:
-        with open(p) as f:
-            data = json.load(f)
+        if is_remote(p):
+            p = p + MANIFEST if p.endswith("/") else p
+            obj = RemoteObject(p, storage_options=storage_options)
+            data = json.loads(b"".join(bytes(b) for b in obj.read([0], [obj.size])))
+        else:
+            p = os.path.join(p, MANIFEST) if os.path.isdir(p) else p
+            with open(p) as f:
+                data = json.load(f)
     except ValueError as e:
         raise FormatError(f"{p}: not a readable sharded-dataset manifest ({e})") from None
     if not check:
@@ -422,8 +459,10 @@ def read_manifest(path: str | os.PathLike[str], check: bool = True) -> dict[str,
 def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options: Any) -> ShardedDataset:
     """Open a sharded dataset (its folder or its ``index.json``) as one read-only dataset.
 
-    Every shard named by the manifest must be there with its recorded byte size, item count
-    and schema hash, or the error names it (a shard's bytes are checked in full by
+    An ``s3://`` manifest (``s3://bucket/speech/index.json``, or the folder's URL ending in
+    ``/``) is read through the object store, its shards opened as the ``s3://`` objects beside
+    it (``storage_options=``, ``cache_dir=`` apply to all). Every shard named by the manifest
+    must be there with its recorded byte size, item count and schema hash, or the error names it (a shard's bytes are checked in full by
     ``h5store verify`` on it, or by a ``resume=True`` create; an open only stats them).
 
     Parameters
@@ -441,19 +480,27 @@ def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options:
     """
     import importlib
 
-    p = os.path.abspath(os.fspath(path))
-    folder = _folder(p) if not os.path.isdir(p) else p
-    manifest = read_manifest(p)
+    remote = is_remote(path)
+    if remote:  # s3://bucket/speech/index.json or s3://bucket/speech/: shards beside the manifest
+        p = os.fspath(path)
+        p = p + MANIFEST if p.endswith("/") else p
+        folder = p.rsplit("/", 1)[0]
+        manifest = read_manifest(p, storage_options=options.get("storage_options"))
+    else:
+        p = os.path.abspath(os.fspath(path))
+        folder = _folder(p) if not os.path.isdir(p) else p
+        manifest = read_manifest(p)
     if opener is None:
         opener = importlib.import_module("h5store.typed_file").open  # the façade, above this layer
     files = []
     try:
         for e in manifest["shards"]:
-            sp = os.path.join(folder, e["file"])
+            sp = f"{folder}/{e['file']}" if remote else os.path.join(folder, e["file"])
             try:
-                size = os.path.getsize(sp)
+                size = (RemoteObject(sp, storage_options=options.get("storage_options")).size if remote
+                        else os.path.getsize(sp))
             except FileNotFoundError:
-                raise FileNotFoundError(f"{sp}: shard missing ({os.path.join(folder, MANIFEST)} lists it); "
+                raise FileNotFoundError(f"{sp}: shard missing ({folder}/{MANIFEST} lists it); "
                                         "copy the whole folder, or rebuild it with create(..., resume=True)") from None
             if size != e["bytes"]:
                 raise FormatError(f"{sp}: {size} bytes, the manifest records {e['bytes']}: the shard was cut or "

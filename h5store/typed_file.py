@@ -630,6 +630,9 @@ def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = Fal
     links) is refused at open; ``allow_external=True`` reads external raw storage and soft
     links (see :class:`TypedFile`).
 
+    A sharded dataset's folder or ``index.json`` (local or ``s3://``) opens as one read-only
+    :class:`~h5store.shards.ShardedDataset` (``docs/shards.md``).
+
     Examples
     --------
     >>> f = h5store.open("speech.h5")  # doctest: +SKIP
@@ -639,13 +642,12 @@ def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = Fal
     local = str(path)[len("file://"):] if str(path).startswith("file://") else path
     if not is_remote(path) and not Path(local).exists():
         raise FileNotFoundError(f"{path}: no such file")
-    if not is_remote(path):
-        from h5store.shards import is_sharded, open_sharded
+    from h5store.shards import is_sharded, open_sharded
 
-        if is_sharded(local):  # a sharded dataset's folder or index.json: one dataset of its shards
-            if mode != "r":
-                raise ValueError(f"{path}: a sharded dataset opens read-only (mode='r'), not mode={mode!r}")
-            return open_sharded(local, untrusted=untrusted, allow_external=allow_external, **options)  # type: ignore[return-value]
+    if is_sharded(local):  # a sharded dataset's folder or index.json (local or s3://): one dataset of its shards
+        if mode != "r":
+            raise ValueError(f"{path}: a sharded dataset opens read-only (mode='r'), not mode={mode!r}")
+        return open_sharded(local, untrusted=untrusted, allow_external=allow_external, **options)  # type: ignore[return-value]
     return TypedFile(path, mode, untrusted=untrusted, allow_external=allow_external, **options)
 
 

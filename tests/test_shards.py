@@ -162,6 +162,10 @@ def test_local_build_without_dask_equals_unsharded(unsharded, tmp_path):
     with LabeledNums.create(tmp_path / "ds", src, shard_size=8, n_workers=2, progress=False) as ds:
         assert_same(ds, one)
         assert failures(ds.report) == failures(one.report)
+    with LabeledNums.create(tmp_path / "dsp", src, shard_size=8, n_workers=2, shard_processes=True,
+                            progress=False) as ds:
+        assert_same(ds, one)
+        assert failures(ds.report) == failures(one.report)
     with LabeledNums.create(tmp_path / "ds1", src, shards=1, n_workers=1, progress=False) as ds:
         assert_same(ds, one)
         assert len(ds.files) == 1
@@ -397,3 +401,38 @@ def test_by_shard_gives_each_rank_whole_shards_with_equal_steps(unsharded, tmp_p
     with pytest.raises(ValueError, match=r"5 shards for 6 ranks"):
         with h5s.open(tmp_path / "ds") as ds:
             ds.iter_batches(dict(id=h5s.Id()), batch_size=3, rank=0, world_size=6, by_shard=True)
+
+
+# ----------------------------------------------------------------------------- s3:// manifests
+def test_an_s3_manifest_opens_its_shards_beside_it(built, tmp_path, monkeypatch):
+    pytest.importorskip("moto")
+    from tests.s3_server import S3Server
+
+    out, _, one = built
+    server = S3Server().start()
+    try:
+        for k, v in server.env().items():
+            monkeypatch.setenv(k, v)
+        for p in sorted(out.iterdir()):
+            server.put("h5store-shards", f"ds/{p.name}", str(p))
+        for url in ("s3://h5store-shards/ds/index.json", "s3://h5store-shards/ds/"):
+            with h5s.open(url, cache_dir=str(tmp_path / "cache")) as ds:
+                assert ds.files[1].path == "s3://h5store-shards/ds/shard-00001-of-00004.h5"
+                assert list(ds.ids) == list(one.ids)
+                for i in one.ids:
+                    np.testing.assert_array_equal(ds.nums[i], one.nums[i])
+                    assert ds.label[i] == one.label[i]
+                b = next(iter(ds.iter_batches(dict(x=h5s.Item("nums"), id=h5s.Id()), batch_size=len(one))))
+                assert list(b["id"]) == list(one.ids)
+        # A shard of another size, and a missing shard, are refused naming their URLs.
+        server.put("h5store-shards", "cut/index.json", str(out / "index.json"))
+        for p in sorted(out.glob("shard-*.h5")):
+            if p.name != "shard-00003-of-00004.h5":
+                server.put("h5store-shards", f"cut/{p.name}", str(p))
+        with pytest.raises(FileNotFoundError, match=r"s3://h5store-shards/cut/shard-00003-of-00004\.h5: shard missing"):
+            h5s.open("s3://h5store-shards/cut/index.json")
+        server.put("h5store-shards", "cut/shard-00003-of-00004.h5", str(out / "shard-00000-of-00004.h5"))
+        with pytest.raises(h5s.FormatError, match=r"cut/shard-00003-of-00004\.h5: \d+ bytes, the manifest records"):
+            h5s.open("s3://h5store-shards/cut/")
+    finally:
+        server.stop()
