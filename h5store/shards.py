@@ -157,8 +157,8 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     shard_processes : bool
         Without Dask, build shards in parallel processes (loky; one per shard at a time)
         rather than one after another with ``n_workers`` forked workers each. Measured on 2
-        cores (``benchmarks/bench_shards.py``): one after another is faster there, the
-        processes' start (fresh interpreters) costing more than the one writer.
+        cores (``benchmarks/bench_shards.py``): one after another is as fast at best and
+        steadier (fresh interpreters start for the processes), hence the default.
     mode, overwrite
         As for create: an existing dataset at ``path`` is refused unless ``mode="w"``
         (``overwrite=True``); appending to a sharded dataset (``mode="a"``) is not supported.
