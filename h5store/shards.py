@@ -232,8 +232,14 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     # and renamed to their final names here, once recorded: a task that Dask runs again
     # (its worker died after the result was fetched) never rewrites a published shard.
     token = token or uuid.uuid4().hex[:12]
+    # The replaced dataset's shard names, kept in the draft: a replacement killed after the old
+    # manifest went still removes the old shards it does not name once resumed.
+    replaces = {str(e.get("file")) for e in (old or {}).get("shards", []) if isinstance(e, dict)}
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        with open(draft_path) as f:
+            replaces.update(str(x) for x in json.load(f).get("replaces", []))
     draft = {"format": _FORMAT, "version": _VERSION, "plan": plan_key, "params": _params(prepared),
-             "token": token, "done": done}
+             "token": token, "replaces": sorted(replaces), "done": done}
     _write_json(draft_path, draft)
 
     todo = [(name, srcs) for name, srcs, _, _ in plan if name not in done]
@@ -269,12 +275,11 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
         if leftover.startswith(".") and ".shard-" in leftover:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(folder, leftover))
-    if isinstance(old, dict):  # a replaced dataset's shards that the new one does not name
-        keep = {e["file"] for e in entries}
-        for e in old.get("shards", []):
-            if isinstance(e, dict) and e.get("file") not in keep and "/" not in str(e.get("file")):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(folder, str(e["file"])))
+    keep = {e["file"] for e in entries}
+    for name in replaces - keep:  # a replaced dataset's shards that the new one does not name
+        if name.startswith("shard-") and "/" not in name and "\\" not in name:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
     result = open_sharded(folder, opener=cls)
     result.report = _merged([reports[name] for name, *_ in plan if name in reports], time.perf_counter() - t0)
     return result

@@ -193,6 +193,27 @@ def test_sharded_create_refuses_what_it_cannot_do(unsharded, tmp_path):
         h5s.open(out, mode="a")
 
 
+def test_a_replacement_that_failed_midway_is_resumed_and_cleans_up(unsharded, tmp_path):
+    src, one, _ = unsharded
+    out = tmp_path / "ds"
+    LabeledNums.create(out, src, shard_size=10, n_workers=1, progress=False).close()
+    old = sorted(p.name for p in out.glob("shard-*"))
+    with pytest.raises(h5s.SourceError, match="spk_c/bad"):  # the second shard holds the bad source
+        LabeledNums.create(out, src, shard_size=20, mode="w", on_error="raise", n_workers=1, progress=False)
+    assert not (out / "index.json").exists()  # the old manifest went first: nothing half-replaced opens
+    with pytest.raises(FileNotFoundError):
+        h5s.open(out / "index.json")
+    done = json.loads((out / ".index.draft.json").read_text())["done"]
+    assert list(done) == ["shard-00000-of-00002.h5"]
+    kept = (out / "shard-00000-of-00002.h5").stat()
+    with LabeledNums.create(out, src, shard_size=20, mode="w", resume=True, n_workers=1, progress=False) as ds:
+        assert_same(ds, one)
+    assert (out / "shard-00000-of-00002.h5").stat().st_ino == kept.st_ino
+    # The replaced dataset's shards are gone, and the hidden files of the failed build.
+    assert sorted(p.name for p in out.iterdir()) == ["index.json", "shard-00000-of-00002.h5", "shard-00001-of-00002.h5"]
+    assert old == [f"shard-0000{k}-of-00004.h5" for k in range(4)]
+
+
 # ----------------------------------------------------------------------------- resume after a kill
 def test_killed_shard_is_redone_on_resume_and_finished_shards_are_kept(unsharded, tmp_path):
     src, one, _ = unsharded
