@@ -69,7 +69,7 @@ from h5store.sources import check_paths, expand_sources, source_id
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
 
-__all__ = ["Failure", "IngestReport", "create", "expand_sources", "merge", "source_id",
+__all__ = ["Failure", "IngestReport", "create", "expand_sources", "merge", "plan_sources", "source_id",
            "stored_failures"]
 
 _COMMIT_SECONDS = 5.0
@@ -84,7 +84,8 @@ def _partial_path(path: str) -> str:
 
 def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, n_workers: int | None = None,
            mode: str | None = None, overwrite: bool = False, resume: bool = False, on_error: str = "skip",
-           progress: bool = True, root: str | None = None) -> TypedFile:
+           progress: bool = True, root: str | None = None,
+           prepared: dict[str, Feature] | None = None) -> TypedFile:
     """Build (or extend) a file from raw sources in parallel.
 
     Parameters
@@ -123,6 +124,10 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         Show a tqdm bar (items, items/s, ETA, failures so far).
     root : str, optional
         The folder ids are relative to (default: the common root of the sources).
+    prepared : dict, optional
+        The declared features already prepared (``Feature.prepare``) over a larger set of
+        sources: a sharded create (:mod:`h5store.shards`) prepares once over all its
+        sources, so every shard stores the same label vocabulary. Default: prepared here.
 
     Returns
     -------
@@ -169,7 +174,8 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     bar.set_postfix_str("scanning sources", refresh=True)  # the first line, at once
     report = IngestReport()
     try:
-        out, work, seen, prepared, partial = _begin(cls, path, sources, mode, resume, root, declared, report)
+        out, work, seen, prepared, partial = _begin(cls, path, sources, mode, resume, root, declared, report,
+                                                     prepared)
         bar.reset(total=len(work))
         if work and n_workers > 1 and pool is None:
             # joblib's workers start now (fresh interpreters importing numpy, h5py, the
@@ -192,9 +198,49 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     return result
 
 
+def plan_sources(cls: type[TypedFile], sources: Any, root: str | None = None,
+                 ) -> tuple[list[list[Source]], str, dict[str, Feature]]:
+    """The sources of a create grouped by id, in the order a create stores them, with their
+    common root and the declared features prepared over them once (a sharded create's plan).
+
+    Each group holds the sources of one id (more than one: a duplicate id, which the create
+    of the group's shard reports). Only sources a content feature accepts are kept, as
+    :func:`create` does; ``prepare`` sees the sources it would see (duplicates and invalid
+    ids left out), so every shard gets the parameters an unsharded create learns.
+
+    Examples
+    --------
+    >>> groups, root, prepared = plan_sources(Speech, "wavs/")  # doctest: +SKIP
+    >>> [s.id for s in groups[0]], sorted(prepared)  # doctest: +SKIP
+    (['spk1/utt-001'], ['label', 'mel'])
+    """
+    check_paths(sources)
+    declared = {n: f for n, f in cls.schema.groups[""].items() if f.pattern is not None or type(f).accepts is not Feature.accepts}
+    if not declared:
+        raise SourceError(f"{cls.__name__} has no feature that loads sources (give a feature a pattern)")
+    all_sources, root = expand_sources(sources, root)
+    report = IngestReport()
+    seen, _ = _plan(declared, all_sources, None, report)
+    if report.n_sources == 0:
+        patterns = {n: f.pattern for n, f in declared.items()}
+        raise SourceError(f"no source under {root} matches any feature of {cls.__name__} (patterns: {patterns})")
+    prepared = _prepare(cls, declared, list(seen.values()), None, "")
+    content = {n for n, f in declared.items() if not f.annotation} or set(declared)
+    groups: dict[str, list[Source]] = {}
+    for s in all_sources:
+        if content.intersection(n for n, f in declared.items() if f.accepts(s)):
+            try:
+                key = normalize_id(s.id)
+            except ValueError:
+                key = s.id  # reported by its shard's create
+            groups.setdefault(key, []).append(s)
+    return list(groups.values()), root, prepared
+
+
 def _begin(cls: type[TypedFile], path: str, sources: Any, mode: str | None, resume: bool, root: str | None,
-           declared: dict[str, Feature], report: IngestReport) -> tuple[Any, list[tuple[Source, list[str]]],
-                                                                     dict[str, Source], dict[str, Feature], str]:
+           declared: dict[str, Feature], report: IngestReport,
+           given: dict[str, Feature] | None = None) -> tuple[Any, list[tuple[Source, list[str]]],
+                                                             dict[str, Source], dict[str, Feature], str]:
     """Scan, plan, prepare, check; then open the partial file to fill (``create``'s first half).
 
     Returns the open partial file, the work (sources to load and their features), the
@@ -211,7 +257,10 @@ def _begin(cls: type[TypedFile], path: str, sources: Any, mode: str | None, resu
             patterns = {n: f.pattern for n, f in declared.items()}
             raise SourceError(f"no source under {root} matches any feature of {cls.__name__} (patterns: {patterns})")
         # Dataset-wide parameters, learned once over every accepted source.
-        prepared = _prepare(cls, declared, list(seen.values()), base, action)
+        if given is None:
+            prepared = _prepare(cls, declared, list(seen.values()), base, action)
+        else:  # prepared once over every shard's sources (h5store.shards)
+            prepared = {n: given[n] for n in declared}
     finally:
         if base is not None:
             base.close()

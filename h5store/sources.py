@@ -106,6 +106,9 @@ def expand_sources(sources: Any, root: str | None = None) -> tuple[list[Source],
     dirs: set[str] = set()
     roots: list[str] = []
     entries = check_paths(sources)
+    if root is not None and entries and all(isinstance(s, Source) and s.root == os.path.abspath(root) for s in entries):
+        # Expanded already (a shard's share of a sharded create): kept with their ids and meta.
+        return sorted(entries, key=lambda s: (s.id, str(s))), os.path.abspath(root)
     for s in entries:
         s = os.fspath(s)
         if not os.path.exists(s) and not _is_glob(s) and (len(entries) == 1 or not os.path.splitext(s)[1]):

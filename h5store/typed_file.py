@@ -586,8 +586,19 @@ class TypedFile:
 
     # -- ingest and serving (their layers import torch/joblib lazily) ----------
     @classmethod
-    def create(cls, path: str | os.PathLike[str], sources: Any, **kwargs: Any) -> TypedFile:
-        """Build a file from raw sources in parallel; see :func:`h5store.ingest.create`."""
+    def create(cls, path: str | os.PathLike[str], sources: Any, **kwargs: Any) -> Any:
+        """Build a file from raw sources in parallel; see :func:`h5store.ingest.create`.
+
+        With ``shard_size=`` (ids per shard) or ``shards=`` (their number), ``path`` is a folder
+        of shards and their manifest, built shard by shard (on Dask, each worker writes whole
+        shards) and returned open as one :class:`~h5store.shards.ShardedDataset`; see
+        :func:`h5store.shards.create_sharded`.
+        """
+        if kwargs.get("shard_size") is not None or kwargs.get("shards") is not None:
+            from h5store.shards import create_sharded
+
+            return create_sharded(cls, path, sources, **kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("shard_size", "shards")}
         from h5store.ingest import create
 
         return create(cls, path, sources, **kwargs)
@@ -619,6 +630,9 @@ def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = Fal
     links) is refused at open; ``allow_external=True`` reads external raw storage and soft
     links (see :class:`TypedFile`).
 
+    A sharded dataset's folder or ``index.json`` (local or ``s3://``) opens as one read-only
+    :class:`~h5store.shards.ShardedDataset` (``docs/shards.md``).
+
     Examples
     --------
     >>> f = h5store.open("speech.h5")  # doctest: +SKIP
@@ -628,6 +642,12 @@ def open(path: str | os.PathLike[str], mode: str = "r", *, untrusted: bool = Fal
     local = str(path)[len("file://"):] if str(path).startswith("file://") else path
     if not is_remote(path) and not Path(local).exists():
         raise FileNotFoundError(f"{path}: no such file")
+    from h5store.shards import is_sharded, open_sharded
+
+    if is_sharded(local):  # a sharded dataset's folder or index.json (local or s3://): one dataset of its shards
+        if mode != "r":
+            raise ValueError(f"{path}: a sharded dataset opens read-only (mode='r'), not mode={mode!r}")
+        return open_sharded(local, untrusted=untrusted, allow_external=allow_external, **options)  # type: ignore[return-value]
     return TypedFile(path, mode, untrusted=untrusted, allow_external=allow_external, **options)
 
 

@@ -97,3 +97,23 @@ class WarningNumbers(Numbers):
 
 class WarnNums(h5s.TypedFile):
     nums = WarningNumbers()
+
+
+class LabeledNums(h5s.TypedFile):
+    """Numbers plus a label vocabulary learned in ``prepare`` (the sharded-create tests)."""
+
+    nums = Numbers()
+    label = h5s.DirLabel()
+
+
+class PacedLabeledNums(h5s.TypedFile):
+    nums = PacedNumbers()
+    label = h5s.DirLabel()
+
+
+def set_load_delay(seconds: float | None) -> None:
+    """Set (None: unset) PacedNumbers' delay in this process (run on Dask workers by client.run)."""
+    if seconds is None:
+        os.environ.pop("H5STORE_TEST_LOAD_DELAY", None)
+    else:
+        os.environ["H5STORE_TEST_LOAD_DELAY"] = str(seconds)

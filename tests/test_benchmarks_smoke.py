@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = ["bench_serve.py", "bench_create.py", "bench_tf.py", "bench_crc.py", "bench_open.py", "bench_append.py",
            "bench_scale.py", "bench_cold.py", "bench_codecs.py", "bench_transforms.py", "bench_read_paths.py",
-           "bench_video.py", "bench_remote.py", "bench_stream.py"]
+           "bench_video.py", "bench_remote.py", "bench_stream.py", "bench_shards.py"]
 
 
 @pytest.mark.slow

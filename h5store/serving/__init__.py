@@ -17,8 +17,8 @@ Module map::
     files.py     FileSet (batched reads over one or many files), MultiFile, concat
     dataset.py   FileDataset: __getitems__ / fetch, one planned read per feature per batch
     collate.py   padding, lengths and masks; numpy -> torch
-    samplers.py  BatchSampler, BucketBatchSampler, QuasiRandomBatchSampler, DurationBatchSampler:
-                 epochs, ranks, resumable state
+    samplers.py  BatchSampler, BucketBatchSampler, QuasiRandomBatchSampler, DurationBatchSampler,
+                 ShardBatchSampler (whole shards per rank): epochs, ranks, resumable state
     transforms.py  batch augmentations (Gain, AddNoise, SpecAugment, Mixup...), seeded per batch
     shared.py    SharedParams and SharedArray in /dev/shm (no Manager, no copies)
     loader.py    serve() and Loader (imports torch)
@@ -56,6 +56,7 @@ from h5store.serving.samplers import (
     DurationBatchSampler,
     EpochIndices,
     QuasiRandomBatchSampler,
+    ShardBatchSampler,
 )
 from h5store.serving.shared import SharedArray, SharedParams
 
@@ -78,6 +79,7 @@ __all__ = [
     "Item",
     "Label",
     "MultiFile",
+    "ShardBatchSampler",
     "Padded",
     "Position",
     "QuasiRandomBatchSampler",

@@ -62,7 +62,7 @@ class FileSet:
         self.files = [reader_copy(f) for f in files]
         self.group = group
         # Served through concat(): ids are named with their file ("path::id"), see Id.
-        self.concat = isinstance(source, MultiFile)
+        self.concat = isinstance(source, MultiFile) and not source.unique_ids
         # One snapshot: a file open read-only here is served as ITS snapshot (its len(),
         # ids and tables), whatever was committed since; other files as the commit their
         # copy opens now. Every table is cut to these sizes, in every process: copies that

@@ -402,7 +402,7 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
           in_memory: bool | Sequence[str] = False, distributed: bool = False, rank: int | None = None,
           world_size: int | None = None, mask: bool = False, bucket: bool | int | None = None,
           params: Mapping[str, Any] | SharedParams | None = None, items: Sequence[int] | np.ndarray | None = None,
-          transform: Any = None, max_frames: int | None = None, padded: bool = False,
+          transform: Any = None, max_frames: int | None = None, padded: bool = False, by_shard: bool = False,
           **loader_kwargs: Any) -> Loader:
     """A PyTorch DataLoader over an h5store file (or a :func:`~h5store.concat` of files).
 
@@ -433,6 +433,11 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
         ``drop_last=True`` drops the tail). Call ``loader.sampler.set_epoch(e)`` each epoch.
     rank, world_size : int, optional
         This process's place (passing them implies ``distributed``).
+    by_shard : bool
+        With ranks, give each rank whole files of a sharded dataset or concat, the same ones
+        every epoch (locality: a rank reads and caches only its shards), still equal steps
+        per rank (:class:`~h5store.serving.samplers.ShardBatchSampler`: unequal shares are
+        padded by repeating a rank's own examples, or cut with ``drop_last=True``).
     seed : int
         Seed of the shuffle and of random crops; the order of an epoch depends only on
         ``(seed, epoch)``.
@@ -505,7 +510,8 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
     if not own and batch_size is not None:
         batch_size = int(batch_size)
         kw["batch_sampler"] = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                                           bucket=bucket, rank=r, world_size=w, max_frames=max_frames, padded=padded)
+                                           bucket=bucket, rank=r, world_size=w, max_frames=max_frames, padded=padded,
+                                           by_shard=by_shard)
     elif distributed or bucket:
         raise ValueError("serve: distributed= and bucket= need a batch_size")
     else:  # the user's sampler, or unbatched examples: DataLoader's own rules

@@ -7,7 +7,9 @@ parameters; storage parameters may differ) and joins them: global position ``p``
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +20,7 @@ from h5store.errors import SchemaError
 from h5store.schema import Feature
 from h5store.serving import api as _api
 
-__all__ = ["MultiFile", "check_compatible", "concat", "feature_identity", "reader_copy"]
+__all__ = ["MultiFile", "check_compatible", "concat", "feature_identity", "reader_copy", "schema_hash"]
 
 _I64 = np.int64
 
@@ -54,7 +56,8 @@ class MultiFile:
             if isinstance(f, MultiFile):
                 flat.extend(f.files)
             elif isinstance(f, (str, os.PathLike)):
-                flat.append(_open_path(f))
+                opened = _open_path(f)  # a sharded dataset's folder or manifest opens as a MultiFile
+                flat.extend(opened.files if isinstance(opened, MultiFile) else [opened])
             elif not callable(getattr(f, "group", None)):
                 raise TypeError(f"concat takes paths or h5store files (TypedFile), got {type(f).__name__}: {f!r}")
             else:
@@ -64,6 +67,10 @@ class MultiFile:
         if len(flat) > 1:
             check_compatible(flat)
         self.files = flat
+
+    #: Whether an id names one item across all the files (a sharded dataset's shards), so
+    #: ``h5s.Id()`` serves bare ids, not ``"path::id"``.
+    unique_ids = False
 
     @property
     def paths(self) -> list[str]:
@@ -167,3 +174,22 @@ def feature_identity(feat: Feature) -> tuple[str, str]:
     """What must agree between the files of a concat: the type and every parameter but storage ones."""
     params = {k: v for k, v in feat.params().items() if k not in _STORAGE_PARAMS}
     return feat.type_name, repr(sorted(params.items()))
+
+
+def schema_hash(schema: Any) -> str:
+    """SHA-256 (hex) of what must agree between files served as one: every group's features,
+    their types and parameters (learned ones such as a label's classes), storage parameters
+    (compression, chunks) left out, as :func:`check_compatible` compares them.
+
+    ``schema`` is a file's stored schema (``f.file_schema``). A sharded dataset's manifest
+    records it; every shard must match (:mod:`h5store.shards`).
+
+    Examples
+    --------
+    >>> schema_hash(h5s.open("a.h5").file_schema)[:12]  # doctest: +SKIP
+    '3f1c0a9b7d2e'
+    """
+    spec = [[g, name, feat.type_name, {k: v for k, v in feat.params().items() if k not in _STORAGE_PARAMS}]
+            for g, feats in sorted(schema.groups.items()) for name, feat in sorted(feats.items())]
+    text = json.dumps(spec, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()

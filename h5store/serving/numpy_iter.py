@@ -311,7 +311,7 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int 
                  mask: bool = False, bucket: bool | int | None = None,
                  items: Sequence[int] | np.ndarray | None = None, in_memory: bool | Sequence[str] = False,
                  rank: int = 0, world_size: int = 1, transform: Any = None, max_frames: int | None = None,
-                 padded: bool = False) -> BatchIterator:
+                 padded: bool = False, by_shard: bool = False) -> BatchIterator:
     """One epoch of batches as dicts of numpy arrays, read ahead by background threads.
 
     The implementation of ``f.iter_batches(...)`` (:func:`h5store.serving.api.iter_batches`,
@@ -347,7 +347,7 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int 
         Drop the last incomplete batch.
     epoch : int
         Which epoch to serve (its order and crops).
-    params, mask, bucket, items, in_memory, rank, world_size, transform, max_frames, padded
+    params, mask, bucket, items, in_memory, rank, world_size, transform, max_frames, padded, by_shard
         As for :func:`~h5store.serving.serve` (``transform`` runs in the reader threads).
     verify : {True, False, "skip"}
         Check each served item against its stored CRC-32 (default; a damaged one raises
@@ -381,5 +381,6 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int 
         dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
                               verify=verify, transform=transform)
     sampler = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, bucket=bucket,
-                           rank=rank, world_size=world_size, max_frames=max_frames, padded=padded)
+                           rank=rank, world_size=world_size, max_frames=max_frames, padded=padded,
+                           by_shard=by_shard)
     return BatchIterator(dataset, sampler.batches(int(epoch)), int(epoch), prefetch, threads)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["BatchSampler", "BucketBatchSampler", "DurationBatchSampler", "EpochIndices", "QuasiRandomBatchSampler",
-           "block_sizes", "check_shuffle", "make_sampler"]
+           "ShardBatchSampler", "block_sizes", "check_shuffle", "make_sampler", "shard_of_examples"]
 
 #: ``shuffle=`` values every serving path takes: in order, a permutation, or quasi-random.
 SHUFFLES = (False, True, "chunks")
@@ -303,6 +303,81 @@ class QuasiRandomBatchSampler(BatchSampler):
         return order[np.lexsort((key, win))]
 
 
+class ShardBatchSampler(_EpochBatches):
+    """Whole shards per rank (locality), equal steps per rank: ``serve(..., by_shard=True)``.
+
+    Each rank reads only its own shards, every epoch: a rank's page cache (or its
+    ``cache_dir=`` of a remote dataset) holds its shards, never the others'. Shards are
+    dealt largest first to the rank holding the fewest examples so far (ties: the lowest
+    rank), so the ranks' shares are as even as whole shards allow. Within a rank the
+    examples are shuffled per epoch from ``(seed, epoch, rank)``.
+
+    Equal steps: when the shares differ (unequal shards, or shards that do not divide
+    among the ranks), ``drop_last=False`` pads each smaller share by repeating its own
+    first examples (of this epoch's order) up to the largest share, ``drop_last=True``
+    cuts each share to the smallest one, so an epoch leaves some examples unserved; the
+    last incomplete batch is dropped as usual. Needs at least as many shards as ranks.
+
+    Parameters
+    ----------
+    shard_of : array of int
+        The shard of every example (0, 1, ...), in example order.
+    batch_size, shuffle, drop_last, seed, rank, world_size
+        As for :class:`BatchSampler`.
+
+    Examples
+    --------
+    >>> s = ShardBatchSampler([0, 0, 0, 0, 1, 1, 2], 2, rank=1, world_size=2)
+    >>> s.shards, [b.tolist() for b in s.batches(0)]  # rank 0 has shard 0: 4 examples
+    ([1, 2], [[4, 5], [6, 4]])
+    """
+
+    def __init__(self, shard_of: Any, batch_size: int, shuffle: bool = False, drop_last: bool = False,
+                 seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        super().__init__(seed, rank, world_size, drop_last)
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be > 0, got {batch_size}")
+        shard_of = np.asarray(shard_of, dtype=_I64)
+        sizes = np.bincount(shard_of) if shard_of.size else np.zeros(0, dtype=_I64)
+        if len(sizes) < world_size:
+            raise ValueError(f"by_shard: {len(sizes)} shards for {world_size} ranks; every rank needs a shard of "
+                             "its own (make more, smaller shards: shard_size=), or serve without by_shard")
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        owner = np.zeros(len(sizes), dtype=_I64)
+        load = np.zeros(world_size, dtype=_I64)
+        for k in np.argsort(-sizes, kind="stable").tolist():
+            r = int(np.argmin(load))
+            owner[k] = r
+            load[r] += sizes[k]
+        self.shards = np.flatnonzero(owner == rank).tolist()
+        self.mine = np.flatnonzero(owner[shard_of] == rank).astype(_I64)
+        self.share = int(load.min() if drop_last else load.max())  # examples per rank per epoch
+
+    def indices(self, epoch: int) -> np.ndarray:
+        """This rank's examples of ``epoch``, padded (repeated) or cut to the common share."""
+        order = self._rng(epoch, 1 + self.rank).permutation(self.mine) if self.shuffle else self.mine
+        if len(order) > self.share:
+            return order[: self.share]
+        return np.resize(order, self.share) if len(order) else order
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        order = self.indices(epoch)
+        bs = self.batch_size
+        stop = len(order) // bs * bs if self.drop_last else len(order)
+        return [order[a : a + bs] for a in range(0, stop, bs)]
+
+    def __len__(self) -> int:
+        return self.share // self.batch_size if self.drop_last else math.ceil(self.share / self.batch_size)
+
+
+def shard_of_examples(dataset: Any) -> np.ndarray:
+    """The file (shard) of each example of a :class:`~h5store.serving.FileDataset` over a
+    concat or a sharded dataset: what :class:`ShardBatchSampler` deals to the ranks."""
+    starts = dataset.files.starts
+    return (np.searchsorted(starts, dataset.example_items(), "right") - 1).astype(_I64)
+
+
 def block_sizes(dataset: Any, block_bytes: int = BLOCK_BYTES) -> np.ndarray:
     """Examples per block of consecutive examples holding about ``block_bytes`` of stored data.
 
@@ -568,7 +643,7 @@ def check_shuffle(shuffle: Any) -> bool | str:
 def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
                  drop_last: bool = False, bucket: bool | int | None = None, rank: int = 0,
                  world_size: int = 1, block_bytes: int = BLOCK_BYTES, window: int = WINDOW_BLOCKS,
-                 max_frames: int | None = None, padded: bool = False) -> _EpochBatches:
+                 max_frames: int | None = None, padded: bool = False, by_shard: bool = False) -> _EpochBatches:
     """The batch sampler of every serving path (DataLoader, tf.data, :func:`~h5store.iter_batches`).
 
     ``dataset`` is anything with ``len()`` and, for ``bucket``, ``lengths()`` (a
@@ -578,6 +653,8 @@ def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool | str = False, 
     with blocks of about ``block_bytes`` of stored data (:func:`block_sizes`) shuffled
     ``window`` blocks at a time. ``max_frames`` sizes batches by duration
     (:class:`DurationBatchSampler`, ``bucket`` length buckets; ``batch_size`` is ignored).
+    ``by_shard`` gives each rank whole files of a concat or sharded dataset
+    (:class:`ShardBatchSampler`).
 
     Examples
     --------
@@ -588,6 +665,13 @@ def make_sampler(dataset: Any, batch_size: int, *, shuffle: bool | str = False, 
     >>> sorted(i for b in q.batches(0) for i in b) == list(range(1000))
     True
     """
+    if by_shard:
+        if max_frames is not None or bucket or shuffle == "chunks":
+            raise ValueError("by_shard=True takes shuffle=True/False, not bucket=, max_frames= or shuffle='chunks'")
+        if isinstance(batch_size, bool) or int(batch_size) <= 0:
+            raise ValueError(f"batch_size must be an int > 0, got {batch_size!r}")
+        return ShardBatchSampler(shard_of_examples(dataset), int(batch_size), shuffle=bool(shuffle),
+                                 drop_last=drop_last, seed=seed, rank=rank, world_size=world_size)
     if max_frames is not None:
         buckets = 10 if bucket is None or bucket is True or bucket is False else int(bucket)
         return DurationBatchSampler(dataset.lengths(), max_frames, padded=padded, num_buckets=buckets,

@@ -257,7 +257,7 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *
                   mask: bool = False, bucket: bool | int | None = None,
                   items: Sequence[int] | np.ndarray | None = None, in_memory: bool | Sequence[str] = False,
                   rank: int = 0, world_size: int = 1, transform: Any = None, max_frames: int | None = None,
-                  padded: bool = False) -> tf.data.Dataset:
+                  padded: bool = False, by_shard: bool = False) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of batches (dicts of tensors) of an h5store file or a concat of files.
 
     The implementation of ``f.to_tf_dataset(...)`` (:func:`h5store.serving.api.to_tf_dataset`,
@@ -294,7 +294,7 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *
     epoch : int
         The epoch of the first iteration; every further iteration of the dataset serves
         the next epoch, reshuffled (as iterating a PyTorch loader does).
-    params, mask, bucket, items, in_memory, rank, world_size, max_frames, padded
+    params, mask, bucket, items, in_memory, rank, world_size, max_frames, padded, by_shard
         As for :func:`~h5store.serving.serve` (``rank`` / ``world_size``: this worker's
         share of every epoch).
     transform : callable, optional
@@ -336,7 +336,8 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *
     dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
                           verify=verify, transform=transform)
     sampler = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, bucket=bucket,
-                           rank=rank, world_size=world_size, max_frames=max_frames, padded=padded)
+                           rank=rank, world_size=world_size, max_frames=max_frames, padded=padded,
+                           by_shard=by_shard)
     # verify="skip" shortens a batch by its damaged items: the batch size cannot be static.
     layout = Layout(dataset, _static_batch(batch_size, drop_last and verify != "skip"), ragged)
     prepare_for_threads(dataset)
