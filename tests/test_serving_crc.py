@@ -188,5 +188,70 @@ def test_cli_verify_quick_says_data_was_not_read(damaged, capsys):
 def test_an_unknown_verify_mode_is_refused(clean):
     from h5store.serving import FileDataset
 
-    with pytest.raises(ValueError, match="verify must be True, False or 'skip'"):
+    with pytest.raises(ValueError, match="verify must be True, False, 'always' or 'skip'"):
         FileDataset(Speech(clean), BATCH, verify="yes")
+
+
+def _items(path: Path) -> list[np.ndarray]:
+    with h5py.File(path, "r", locking=False) as f:
+        data, index = f["mel"]["data"][()], f["mel"]["index"][()]
+    return [data[a:b] for a, b in index.tolist()]
+
+
+def _epoch(loader) -> dict[int, np.ndarray]:
+    got = {}
+    for b in loader:
+        for p, x, n in zip(b["pos"].tolist(), b["x"].numpy(), b["x_lengths"].tolist()):
+            got[p] = x[:n].copy()
+    return got
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_whole_items_are_checked_once_unless_always(clean, tmp_path, workers):
+    """verify=True checks an item the first time it is served (in any process of the loader,
+    persistent workers or not); a byte flipped on disk afterwards is served unnoticed, as
+    docs/reliability.md says. verify="always" re-checks, and a fresh loader checks again."""
+    pytest.importorskip("torch")
+    path = tmp_path / "flipped-later.h5"
+    shutil.copy(clean, path)
+    want = _items(path)
+    batch = dict(x=h5s.Item("mel"), pos=h5s.Position())
+    once = Speech(path).serve(batch, batch_size=8, num_workers=workers)
+    always = Speech(path).serve(batch, batch_size=8, num_workers=workers, verify="always")
+    for loader in (once, always):
+        got = _epoch(loader)  # every item checked, and equal to h5py's bytes
+        assert sorted(got) == list(range(N))
+        assert all(np.array_equal(got[p], want[p]) for p in range(N))
+    flip(path, "mel", BAD)
+    got = _epoch(once)  # new workers (not persistent): the flags are shared with them
+    assert [p for p in range(N) if not np.array_equal(got[p], want[p])] == [BAD]
+    with pytest.raises(CorruptRecordError) as e:
+        drain(always)
+    names_it(e, path)
+    with pytest.raises(CorruptRecordError):
+        drain(Speech(path).serve(batch, batch_size=8, num_workers=workers))  # a fresh loader checks
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_share_the_checked_items(clean, method):
+    """Items checked by one worker are not read again by another (the flags live in shared memory)."""
+    pytest.importorskip("torch")
+    f = Speech(clean)
+    loader = f.serve(dict(x=h5s.Item("mel"), pos=h5s.Position()), batch_size=4, num_workers=2,
+                     multiprocessing_context=method)
+    assert not loader.dataset.files._done("mel").any()
+    want = _items(clean)
+    got = _epoch(loader)
+    assert all(np.array_equal(got[p], want[p]) for p in range(N))
+    assert loader.dataset.files._done("mel").all()  # seen from the main process, set by the workers
+
+
+def test_a_skipped_item_is_never_marked_checked(damaged):
+    from h5store.serving import FileDataset
+
+    ds = FileDataset(Speech(damaged), dict(x=h5s.Item("mel"), pos=h5s.Position()), verify="skip")
+    with pytest.warns(CorruptRecordWarning):
+        b = ds.fetch(range(N))
+    assert BAD not in b["pos"].tolist()
+    done = ds.files._done("mel")
+    assert not done[BAD] and done.sum() == N - 1

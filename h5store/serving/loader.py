@@ -463,12 +463,13 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
         is then ignored. ``bucket=N`` sets the number of length buckets.
     padded : bool
         With ``max_frames``: count padded frames (``examples x longest``), not real ones.
-    verify : {True, False, "skip"}
-        Check each served item against its stored CRC-32 in the worker that reads it
-        (default): a damaged item raises :class:`~h5store.errors.CorruptRecordError`
-        naming file, feature and id; ``"skip"`` leaves it out of its batch, warns and
-        lists it in ``loader.skipped``; False serves items unchecked (see
-        :class:`~h5store.serving.FileDataset`).
+    verify : {True, False, "always", "skip"}
+        Check each served item against its stored CRC-32 in the worker that reads it,
+        the first time that process serves it (default): a damaged item raises
+        :class:`~h5store.errors.CorruptRecordError` naming file, feature and id;
+        ``"always"`` re-checks whole items at every read; ``"skip"`` leaves a damaged
+        item out of its batch, warns and lists it in ``loader.skipped``; False serves
+        items unchecked (see :class:`~h5store.serving.FileDataset`).
     **loader_kwargs
         Passed to :class:`torch.utils.data.DataLoader`: ``pin_memory``, ``persistent_workers``,
         ``prefetch_factor``, ``multiprocessing_context``, ``generator``, ``worker_init_fn``,
