@@ -170,7 +170,10 @@ def run(f: h5s.TypedFile, getter: str, workers: int, seconds: float, out: str) -
     items = 0
     it = iter(loader)
     for _ in range(10):  # warm: workers started, rings mapped
-        next(it)
+        try:
+            next(it)
+        except StopIteration:
+            it = iter(loader)
     main.start()
     main.n = 0
     for key in ("fetch_ns", "fetch_cpu_ns", "fetch_faults", "pack_ns", "pack_cpu_ns"):

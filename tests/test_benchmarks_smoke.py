@@ -52,7 +52,7 @@ def test_run_all_runs_every_script_and_reports_failures(tmp_path: Path) -> None:
 def test_profile_workers_reports_every_process(tmp_path: Path) -> None:
     """The worker profiler (a diagnostic, not in run_all) prints the stages of the main process and each worker."""
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "profile_workers.py"), "--items", "100", "--seconds", "0.5",
+        [sys.executable, str(REPO / "benchmarks" / "profile_workers.py"), "--items", "100", "--seconds", "1",
          "--repeat", "1"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
