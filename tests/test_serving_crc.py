@@ -255,3 +255,24 @@ def test_a_skipped_item_is_never_marked_checked(damaged):
     assert BAD not in b["pos"].tolist()
     done = ds.files._done("mel")
     assert not done[BAD] and done.sum() == N - 1
+
+
+def test_without_room_in_dev_shm_the_flags_are_per_process(clean, tmp_path, monkeypatch):
+    """A /dev/shm too small for the flags (docker's 64 MB default) still serves, checking per process."""
+    from h5store.serving import files as files_mod
+
+    def full(n):
+        raise MemoryError("/dev/shm: 0.0 MiB free")
+
+    monkeypatch.setattr(files_mod, "SharedFlags", full)
+    path = tmp_path / "no-shm.h5"
+    shutil.copy(clean, path)
+    want = _items(path)
+    loader = Speech(path).serve(dict(x=h5s.Item("mel"), pos=h5s.Position()), batch_size=8)
+    assert isinstance(loader.dataset.files._checked["mel"], np.ndarray)
+    got = _epoch(loader)
+    assert all(np.array_equal(got[p], want[p]) for p in range(N))
+    assert loader.dataset.files._done("mel").all()
+    flip(path, "mel", BAD)
+    with pytest.raises(CorruptRecordError):
+        drain(Speech(path).serve(dict(x=h5s.Item("mel"), pos=h5s.Position()), batch_size=8))

@@ -229,7 +229,10 @@ class FileSet:
             if self.verify:
                 self.checksums(name)
                 if name not in self._checked:
-                    self._checked[name] = SharedFlags(len(self))
+                    try:
+                        self._checked[name] = SharedFlags(len(self))
+                    except (OSError, MemoryError):  # a full or small /dev/shm: flags kept per process
+                        self._checked[name] = np.zeros(len(self), dtype=bool)
 
     def _joined(self, cache: dict[str, np.ndarray], name: str, what: str) -> np.ndarray:
         """Table ``what`` of every file, joined (global positions), loaded once."""
@@ -400,7 +403,7 @@ class FileSet:
         done = self._checked.get(name)
         if done is None:
             done = self._checked[name] = np.zeros(len(self), dtype=bool)
-        return done.array.view(bool) if isinstance(done, SharedFlags) else done
+        return done if isinstance(done, np.ndarray) else done.array.view(bool)
 
     def _check_rows(self, name: str, items: np.ndarray, out: np.ndarray, count: np.ndarray) -> None:
         """Check whole items read into the rows ``out[j, :count[j]]`` (one C loop per item)."""
