@@ -276,3 +276,26 @@ def test_without_room_in_dev_shm_the_flags_are_per_process(clean, tmp_path, monk
     flip(path, "mel", BAD)
     with pytest.raises(CorruptRecordError):
         drain(Speech(path).serve(dict(x=h5s.Item("mel"), pos=h5s.Position()), batch_size=8))
+
+
+def test_a_fileset_unpickled_after_its_loader_is_gone_checks_again(clean):
+    """The shared flags travel as their path; where they are gone, the copy keeps its own."""
+    import gc
+    import pickle
+
+    from h5store.serving import FileDataset
+
+    ds = FileDataset(Speech(clean), dict(x=h5s.Item("mel"), pos=h5s.Position()))
+    ds.fetch(range(N))
+    blob = pickle.dumps(ds.files)
+    assert pickle.loads(blob)._done("mel").all()  # the same flags, while the dataset lives
+    del ds
+    gc.collect()  # the flags' file is removed with the dataset that made them
+    orphan = pickle.loads(blob)
+    assert not orphan._done("mel").any()
+    items = np.arange(N)
+    lengths = orphan.lengths("mel")[items]
+    x = orphan.read_padded("mel", items, 0, lengths, int(lengths.max()))
+    want = _items(clean)
+    assert all(np.array_equal(x[p, :n], want[p]) for p, n in enumerate(lengths.tolist()))
+    assert orphan._done("mel").all()

@@ -97,12 +97,27 @@ class FileSet:
         state["alloc"] = None
         state["_origin"] = [None] * len(self.files)  # tables travel as numpy, never a file
         state.pop("_local", None)
+        # Shared flags travel as their path (reopened below); per-process ones as arrays.
+        state["_checked"] = {k: v if isinstance(v, np.ndarray) else (v.path, v.n) for k, v in self._checked.items()}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        checked = state.pop("_checked", {})
         self.__dict__.update(state)
         self.alloc = np.empty
         self._local = threading.local()
+        self._checked = {}
+        for name, v in checked.items():
+            if isinstance(v, np.ndarray):
+                self._checked[name] = v
+                continue
+            flags = SharedFlags.__new__(SharedFlags)
+            try:
+                flags.__setstate__({"path": v[0], "n": v[1]})
+            except FileNotFoundError:  # the loader that made them is gone: check again, in this process
+                self._checked[name] = np.zeros(len(self), dtype=bool)
+            else:
+                self._checked[name] = flags
 
     @property
     def failed(self) -> list[tuple[int, str]]:
