@@ -348,7 +348,7 @@ class FileSet:
             whole = count == self.lengths(name)[items]
             whole &= (first == 0) if isinstance(first, np.ndarray) else int(first) == 0
             # Whole items just read are checked over these bytes: every time with
-            # verify="always", else the first time this process serves them (the bitmap).
+            # verify="always", else the first time the loader serves them (the shared flags).
             todo = whole if self.verify == "always" else whole & ~self._done(name)[items]
             if todo.all():  # the bytes just read are the whole items (Item), none checked yet
                 self._check_rows(name, items, out, count)
