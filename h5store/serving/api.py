@@ -133,7 +133,7 @@ def serve(file: Any, batch: Mapping[str, Any], batch_size: int | None = 1, *, sh
     seed : int
         Seed of the order and of random crops.
     verify : {True, False, "always", "skip"}
-        Check every served item against its stored CRC-32, once per process (default;
+        Check every served item against its stored CRC-32, the first time it is served (default;
         ``"always"``: whole items at every read; see
         :func:`h5store.serving.loader.serve`).
     num_workers : int

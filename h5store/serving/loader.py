@@ -476,7 +476,7 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
         With ``max_frames``: count padded frames (``examples x longest``), not real ones.
     verify : {True, False, "always", "skip"}
         Check each served item against its stored CRC-32 in the worker that reads it,
-        the first time that process serves it (default): a damaged item raises
+        the first time the loader serves it (any worker; default): a damaged item raises
         :class:`~h5store.errors.CorruptRecordError` naming file, feature and id;
         ``"always"`` re-checks whole items at every read; ``"skip"`` leaves a damaged
         item out of its batch, warns and lists it in ``loader.skipped``; False serves

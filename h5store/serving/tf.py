@@ -304,7 +304,7 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *
         batch read when the dataset is made (their shape then varies: give it with
         ``ensure_shape`` where a model needs it).
     verify : {True, False, "always", "skip"}
-        Check each served item against its stored CRC-32, once per process (default;
+        Check each served item against its stored CRC-32, the first time it is served (default;
         ``"always"``: whole items at every read). A damaged item raises
         :class:`~h5store.errors.CorruptRecordError` naming file, feature and id, which
         tf.data re-raises as ``tf.errors.InvalidArgumentError`` whose message starts with
