@@ -10,7 +10,9 @@ end to end):
     buffer (``bench_serve.pad_collate``), fixed-size windows collated with ``np.stack``
     (the strongest fair form of each).
 (H) ``f.serve`` with ``h5s.Item("mel")`` (batch 16) or ``h5s.Window("mel", 64)`` (batch 32),
-    CRC-32 checks on (the default).
+    CRC-32 checks on (the default: each item checked the first time the loader serves it).
+(H, verify="always") the same, re-checking every whole item each time it is served (what
+    the default did before; windows are checked once either way).
 (H, np.empty) the same in-process loader with a fresh ``np.empty`` per batch buffer instead
     of the reused buffers of :class:`h5store.serving.buffers.BatchPool` (what the pool buys).
 
@@ -86,14 +88,19 @@ def loaders(getter: str, raw: str, offsets: np.ndarray, f: h5s.TypedFile) -> dic
         return DataLoader(MemmapDataset(raw, offsets, win), batch_size=bs, shuffle=True, num_workers=w,
                           collate_fn=collate, persistent_workers=w > 0)
 
-    def h(w: int) -> Any:
+    def h(w: int, verify: bool | str = True) -> Any:
         kw = {"persistent_workers": True} if w else {}
-        return f.serve(dict(x=g), batch_size=bs, shuffle=True, num_workers=w, **kw)
+        return f.serve(dict(x=g), batch_size=bs, shuffle=True, num_workers=w, verify=verify, **kw)
 
     plain = h(0)
     plain.dataset.files.alloc = np.empty  # the same loader without reused buffers
-    return {"R": r(0), "H": h(0), "H, np.empty": plain, f"R, {WORKERS} workers": r(WORKERS),
-            f"H, {WORKERS} workers": h(WORKERS)}
+    out = {"R": r(0), "H": h(0), "H, np.empty": plain}
+    if getter == "item":
+        out['H, verify="always"'] = h(0, "always")
+    out.update({f"R, {WORKERS} workers": r(WORKERS), f"H, {WORKERS} workers": h(WORKERS)})
+    if getter == "item":
+        out[f'H, {WORKERS} workers, verify="always"'] = h(WORKERS, "always")
+    return out
 
 
 def measure(cfg: Config, raw: str, store: str, offsets: np.ndarray) -> dict[str, dict[str, C.Timing]]:
@@ -123,7 +130,9 @@ def render(res: dict[str, dict[str, C.Timing]], memcpy: float, load: tuple[float
              f"{cfg.n_items:,} ragged mel items (100-600 x 80 float32); single-core memcpy {memcpy:.1f} GB/s. "
              f"{cfg.repeat} interleaved rounds of every loader of a workload; best run of each. R: a DataLoader over a "
              "numpy memmap of the raw data (pad-collate for whole items, `np.stack` for windows); H: `f.serve` with "
-             "CRC-32 checks on; 'H, np.empty': H in-process with a fresh buffer per batch (no BatchPool).", ""]
+             "CRC-32 checks on (the default: each item checked the first time the loader serves it; the workers share "
+             "what was checked); 'H, verify=\"always\"': every whole item re-checked each time it is served; "
+             "'H, np.empty': H in-process with a fresh buffer per batch (no BatchPool).", ""]
     rows = []
     for getter, t in res.items():
         label = f"whole items, batch {BATCH[getter]}" if getter == "item" else f"{WINDOW}-frame windows, batch {BATCH[getter]}"
@@ -155,6 +164,14 @@ def render(res: dict[str, dict[str, C.Timing]], memcpy: float, load: tuple[float
         add(f"{label}, {w} workers: H >= 0.8x H in-process", ratio(t.get(f"H, {w} workers"), t.get("H")), 0.8)
         add(f"{label}, {w} workers: H >= 2.5x R", ratio(t.get(f"H, {w} workers"), t.get(f"R, {w} workers")), 2.5)
     lines += ["Targets (issue 13, points 2 and 3):", "", C.md_table(["target", "measured", ""], targets), ""]
+    t = res.get("item", {})
+    gains = [[f"whole items, {where}", C.fmt_ratio(ratio(t.get(a), t.get(b)))]
+             for where, a, b in (("in-process", "H", 'H, verify="always"'),
+                                 (f"{w} workers", f"H, {w} workers", f'H, {w} workers, verify="always"'))
+             if a in t and b in t]
+    if gains:
+        lines += ['What checking each item once per loader gains (H against H, verify="always", same rounds):', "",
+                  C.md_table(["workload", "H / H always"], gains), ""]
     return "\n".join(lines)
 
 

@@ -46,3 +46,16 @@ def test_run_all_runs_every_script_and_reports_failures(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run_all.py"), "--only", "cold", "--bogus"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "FAILED: bench_cold.py" in proc.stderr
+
+
+@pytest.mark.slow
+def test_profile_workers_reports_every_process(tmp_path: Path) -> None:
+    """The worker profiler (a diagnostic, not in run_all) prints the stages of the main process and each worker."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "profile_workers.py"), "--items", "100", "--seconds", "1",
+         "--repeat", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    for where in ('"in-process"', '"main"', '"worker0"', '"worker1"'):
+        assert f'"where": {where}' in proc.stdout, proc.stdout

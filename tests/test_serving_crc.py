@@ -188,5 +188,114 @@ def test_cli_verify_quick_says_data_was_not_read(damaged, capsys):
 def test_an_unknown_verify_mode_is_refused(clean):
     from h5store.serving import FileDataset
 
-    with pytest.raises(ValueError, match="verify must be True, False or 'skip'"):
+    with pytest.raises(ValueError, match="verify must be True, False, 'always' or 'skip'"):
         FileDataset(Speech(clean), BATCH, verify="yes")
+
+
+def _items(path: Path) -> list[np.ndarray]:
+    with h5py.File(path, "r", locking=False) as f:
+        data, index = f["mel"]["data"][()], f["mel"]["index"][()]
+    return [data[a:b] for a, b in index.tolist()]
+
+
+def _epoch(loader) -> dict[int, np.ndarray]:
+    got = {}
+    for b in loader:
+        for p, x, n in zip(b["pos"].tolist(), b["x"].numpy(), b["x_lengths"].tolist()):
+            got[p] = x[:n].copy()
+    return got
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_whole_items_are_checked_once_unless_always(clean, tmp_path, workers):
+    """verify=True checks an item the first time it is served (in any process of the loader,
+    persistent workers or not); a byte flipped on disk afterwards is served unnoticed, as
+    docs/reliability.md says. verify="always" re-checks, and a fresh loader checks again."""
+    pytest.importorskip("torch")
+    path = tmp_path / "flipped-later.h5"
+    shutil.copy(clean, path)
+    want = _items(path)
+    batch = dict(x=h5s.Item("mel"), pos=h5s.Position())
+    once = Speech(path).serve(batch, batch_size=8, num_workers=workers)
+    always = Speech(path).serve(batch, batch_size=8, num_workers=workers, verify="always")
+    for loader in (once, always):
+        got = _epoch(loader)  # every item checked, and equal to h5py's bytes
+        assert sorted(got) == list(range(N))
+        assert all(np.array_equal(got[p], want[p]) for p in range(N))
+    flip(path, "mel", BAD)
+    got = _epoch(once)  # new workers (not persistent): the flags are shared with them
+    assert [p for p in range(N) if not np.array_equal(got[p], want[p])] == [BAD]
+    with pytest.raises(CorruptRecordError) as e:
+        drain(always)
+    names_it(e, path)
+    with pytest.raises(CorruptRecordError):
+        drain(Speech(path).serve(batch, batch_size=8, num_workers=workers))  # a fresh loader checks
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_share_the_checked_items(clean, method):
+    """Items checked by one worker are not read again by another (the flags live in shared memory)."""
+    pytest.importorskip("torch")
+    f = Speech(clean)
+    loader = f.serve(dict(x=h5s.Item("mel"), pos=h5s.Position()), batch_size=4, num_workers=2,
+                     multiprocessing_context=method)
+    assert not loader.dataset.files._done("mel").any()
+    want = _items(clean)
+    got = _epoch(loader)
+    assert all(np.array_equal(got[p], want[p]) for p in range(N))
+    assert loader.dataset.files._done("mel").all()  # seen from the main process, set by the workers
+
+
+def test_a_skipped_item_is_never_marked_checked(damaged):
+    from h5store.serving import FileDataset
+
+    ds = FileDataset(Speech(damaged), dict(x=h5s.Item("mel"), pos=h5s.Position()), verify="skip")
+    with pytest.warns(CorruptRecordWarning):
+        b = ds.fetch(range(N))
+    assert BAD not in b["pos"].tolist()
+    done = ds.files._done("mel")
+    assert not done[BAD] and done.sum() == N - 1
+
+
+def test_without_room_in_dev_shm_the_flags_are_per_process(clean, tmp_path, monkeypatch):
+    """A /dev/shm too small for the flags (docker's 64 MB default) still serves, checking per process."""
+    from h5store.serving import files as files_mod
+
+    def full(n):
+        raise MemoryError("/dev/shm: 0.0 MiB free")
+
+    monkeypatch.setattr(files_mod, "SharedFlags", full)
+    path = tmp_path / "no-shm.h5"
+    shutil.copy(clean, path)
+    want = _items(path)
+    loader = Speech(path).serve(dict(x=h5s.Item("mel"), pos=h5s.Position()), batch_size=8)
+    assert isinstance(loader.dataset.files._checked["mel"], np.ndarray)
+    got = _epoch(loader)
+    assert all(np.array_equal(got[p], want[p]) for p in range(N))
+    assert loader.dataset.files._done("mel").all()
+    flip(path, "mel", BAD)
+    with pytest.raises(CorruptRecordError):
+        drain(Speech(path).serve(dict(x=h5s.Item("mel"), pos=h5s.Position()), batch_size=8))
+
+
+def test_a_fileset_unpickled_after_its_loader_is_gone_checks_again(clean):
+    """The shared flags travel as their path; where they are gone, the copy keeps its own."""
+    import gc
+    import pickle
+
+    from h5store.serving import FileDataset
+
+    ds = FileDataset(Speech(clean), dict(x=h5s.Item("mel"), pos=h5s.Position()))
+    ds.fetch(range(N))
+    blob = pickle.dumps(ds.files)
+    assert pickle.loads(blob)._done("mel").all()  # the same flags, while the dataset lives
+    del ds
+    gc.collect()  # the flags' file is removed with the dataset that made them
+    orphan = pickle.loads(blob)
+    assert not orphan._done("mel").any()
+    items = np.arange(N)
+    lengths = orphan.lengths("mel")[items]
+    x = orphan.read_padded("mel", items, 0, lengths, int(lengths.max()))
+    want = _items(clean)
+    assert all(np.array_equal(x[p, :n], want[p]) for p, n in enumerate(lengths.tolist()))
+    assert orphan._done("mel").all()

@@ -132,8 +132,9 @@ def serve(file: Any, batch: Mapping[str, Any], batch_size: int | None = 1, *, sh
         Drop the last incomplete batch.
     seed : int
         Seed of the order and of random crops.
-    verify : {True, False, "skip"}
-        Check every served item against its stored CRC-32 (default; see
+    verify : {True, False, "always", "skip"}
+        Check every served item against its stored CRC-32, the first time it is served (default;
+        ``"always"``: whole items at every read; see
         :func:`h5store.serving.loader.serve`).
     num_workers : int
         DataLoader worker processes (0: read in the loop's process).

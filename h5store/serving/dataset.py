@@ -77,15 +77,21 @@ class FileDataset:
         however many workers).
     items : array of int, optional
         Serve only these item positions (a train/validation split), in this order.
-    verify : {True, False, "skip"}
-        Check every served item against its stored CRC-32 (default). True raises
+    verify : {True, False, "always", "skip"}
+        Check every served item against its stored CRC-32 (default), once: the first
+        time the dataset serves an item (the whole item, or any part of it) its bytes are
+        checked and the item is flagged, one flag per item and feature in shared memory
+        seen by every worker (and by the workers of later epochs); later reads are not
+        checked again (the file is read-only while served; a byte flipped on disk after
+        the first check goes unnoticed, see docs/reliability.md). True raises
         :class:`~h5store.errors.CorruptRecordError` naming the file, feature and id;
-        ``"skip"`` leaves the item out of the batch (the batch is one item shorter),
-        warns with :class:`CorruptRecordWarning` and adds it to :attr:`skipped` (seen
-        by every worker: it is not read again); False delivers items unchecked. Whole
-        items are checked over the bytes read for the batch; a part of an item (a
-        ``Window``, ``Frames``) is checked by reading the whole item the first time any
-        part of it is served in a process (a bitmap per feature), not at later reads.
+        ``"always"`` raises too, and re-checks whole items every time they are served
+        (in-process, whole items are then served 10-30% slower); ``"skip"`` leaves the
+        item out of the batch (the batch is one item shorter), warns with
+        :class:`CorruptRecordWarning` and adds it to :attr:`skipped` (seen by every
+        worker: it is not read again); False delivers items unchecked. Whole items are
+        checked over the bytes read for the batch; a part of an item (a ``Window``,
+        ``Frames``) by reading the whole item.
     transform : callable, optional
         Applied to every batch after it is read and collated, in the process that reads
         it (a DataLoader worker): ``fn(batch) -> batch``, or a
@@ -118,8 +124,8 @@ class FileDataset:
                                   f"h5s.Frames, h5s.Label, h5s.Position, h5s.Id), got {g!r}")
         self.getters: dict[str, Getter] = dict(batch)
         self._check_keys()
-        if not (isinstance(verify, bool) or verify == "skip"):
-            raise ValueError(f"verify must be True, False or 'skip', got {verify!r}")
+        if not (isinstance(verify, bool) or verify in ("skip", "always")):
+            raise ValueError(f"verify must be True, False, 'always' or 'skip', got {verify!r}")
         group = self._group()
         self.files = FileSet(file, group)
         self.files.verify = verify

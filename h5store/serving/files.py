@@ -28,7 +28,7 @@ from h5store.format import ABSENT, ColumnSpec
 from h5store.readers import copy_dataset, read_whole
 from h5store.schema import Feature
 from h5store.serving.multifile import MultiFile, check_compatible, concat, feature_identity, reader_copy
-from h5store.serving.shared import SharedArray
+from h5store.serving.shared import SharedArray, SharedFlags
 
 __all__ = ["FileSet", "MultiFile", "check_compatible", "concat"]
 
@@ -73,11 +73,15 @@ class FileSet:
                          dtype=_I64)
         self.starts = np.zeros(len(sizes) + 1, dtype=_I64)
         np.cumsum(sizes, out=self.starts[1:])
-        # What a served item is checked against (True: raise; "skip": report and drop; False: off).
+        # What a served item is checked against (True: raise; "always": raise, whole items
+        # re-checked at every read; "skip": report and drop; False: off).
         self.verify: bool | str = True
         self._local = threading.local()  # per thread: what failed its check in the current fetch
         self._crc: dict[str, np.ndarray] = {}
-        self._checked: dict[str, np.ndarray] = {}  # items whose whole bytes passed, in this process
+        # Items whose whole bytes passed their check: one flag per item, shared by the
+        # processes serving this FileSet when made by pin() (forked and spawned workers,
+        # and the workers of later epochs), else kept in this process.
+        self._checked: dict[str, SharedFlags | np.ndarray] = {}
         self._features: dict[str, Feature] = {}
         self._specs: dict[str, ColumnSpec] = {}
         self._index: dict[str, np.ndarray] = {}
@@ -93,12 +97,27 @@ class FileSet:
         state["alloc"] = None
         state["_origin"] = [None] * len(self.files)  # tables travel as numpy, never a file
         state.pop("_local", None)
+        # Shared flags travel as their path (reopened below); per-process ones as arrays.
+        state["_checked"] = {k: v if isinstance(v, np.ndarray) else (v.path, v.n) for k, v in self._checked.items()}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        checked = state.pop("_checked", {})
         self.__dict__.update(state)
         self.alloc = np.empty
         self._local = threading.local()
+        self._checked = {}
+        for name, v in checked.items():
+            if isinstance(v, np.ndarray):
+                self._checked[name] = v
+                continue
+            flags = SharedFlags.__new__(SharedFlags)
+            try:
+                flags.__setstate__({"path": v[0], "n": v[1]})
+            except FileNotFoundError:  # the loader that made them is gone: check again, in this process
+                self._checked[name] = np.zeros(len(self), dtype=bool)
+            else:
+                self._checked[name] = flags
 
     @property
     def failed(self) -> list[tuple[int, str]]:
@@ -224,7 +243,11 @@ class FileSet:
             self.index(name)
             if self.verify:
                 self.checksums(name)
-                self._done(name)
+                if name not in self._checked:
+                    try:
+                        self._checked[name] = SharedFlags(len(self))
+                    except (OSError, MemoryError):  # a full or small /dev/shm: flags kept per process
+                        self._checked[name] = np.zeros(len(self), dtype=bool)
 
     def _joined(self, cache: dict[str, np.ndarray], name: str, what: str) -> np.ndarray:
         """Table ``what`` of every file, joined (global positions), loaded once."""
@@ -324,12 +347,15 @@ class FileSet:
         if self.verify:
             whole = count == self.lengths(name)[items]
             whole &= (first == 0) if isinstance(first, np.ndarray) else int(first) == 0
-            if whole.all():  # the bytes just read are the whole items (Item)
+            # Whole items just read are checked over these bytes: every time with
+            # verify="always", else the first time the loader serves them (the shared flags).
+            todo = whole if self.verify == "always" else whole & ~self._done(name)[items]
+            if todo.all():  # the bytes just read are the whole items (Item), none checked yet
                 self._check_rows(name, items, out, count)
-            else:
-                if whole.any():
-                    sel = np.flatnonzero(whole)
-                    self._check_rows(name, items[sel], out[sel], count[sel])
+            elif todo.any():
+                sel = np.flatnonzero(todo)
+                self._check_rows(name, items[sel], out[sel], count[sel])
+            if not whole.all():
                 self._check_once(name, items[~whole])
         short = np.flatnonzero(count < width)
         if short.size:
@@ -351,10 +377,10 @@ class FileSet:
             out[sel] = got
             if self.verify:
                 mine = items[sel]
-                if col.reader().resident:  # in memory: each item checked once in this process
+                if self.verify == "always" and not col.reader().resident:
+                    todo: Any = range(len(mine))
+                else:  # each item checked once in this process (in memory: always so)
                     todo = np.flatnonzero(~self._done(name)[mine]).tolist()
-                else:
-                    todo = range(len(mine))
                 for j in todo:
                     self._check(name, int(mine[j]), got[j])
         return out
@@ -365,9 +391,10 @@ class FileSet:
         for k, sel in self._parts(items):
             pos = np.arange(len(items)) if isinstance(sel, slice) else sel
             rows = items[pos] - self.starts[k]
+            done = self._done(name) if self.verify and self.verify != "always" else None
             for j, raw in zip(pos.tolist(), self.column(k, name).read_items(rows)):
                 out[j] = raw
-                if self.verify:
+                if self.verify and (done is None or not done[items[j]]):
                     self._check(name, int(items[j]), raw)
         return out
 
@@ -387,19 +414,20 @@ class FileSet:
 
     # -- checks -----------------------------------------------------------------
     def _done(self, name: str) -> np.ndarray:
-        """Bool per item: its whole bytes passed their CRC-32 in this process."""
+        """Bool per item: its whole bytes passed their CRC-32 (here, or in a process sharing the flags)."""
         done = self._checked.get(name)
         if done is None:
             done = self._checked[name] = np.zeros(len(self), dtype=bool)
-        return done
+        return done if isinstance(done, np.ndarray) else done.array.view(bool)
 
     def _check_rows(self, name: str, items: np.ndarray, out: np.ndarray, count: np.ndarray) -> None:
         """Check whole items read into the rows ``out[j, :count[j]]`` (one C loop per item)."""
         expect = self.checksums(name)[items].tolist()
+        bad = []
         for j, (n, c) in enumerate(zip(count.tolist(), expect)):
-            if crc32(out[j, :n]) != c:
-                self._check(name, int(items[j]), out[j, :n])
-        self._done(name)[items] = True  # (a failed one raises, or is skipped: never served)
+            if crc32(out[j, :n]) != c and not self._check(name, int(items[j]), out[j, :n]):
+                bad.append(j)  # verify="skip" (else _check raised): never marked as checked
+        self._done(name)[np.delete(items, bad) if bad else items] = True
 
     def _check(self, name: str, position: int, value: Any) -> bool:
         """Compare an item's whole stored bytes (an array, or a list of blobs) with its CRC-32."""

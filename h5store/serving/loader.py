@@ -44,13 +44,22 @@ def _release(ring: np.ndarray, slot: int) -> None:
 # The rings this (main) process has mapped, by (worker pid, ring number): a ring travels
 # once; later batches name it. Sending the shared block with every batch cost a descriptor
 # transfer (a socket connect + recvmsg to the worker's resource sharer) and a fresh mapping,
-# faulted in again, per batch.
-_RINGS: dict[tuple[int, int], torch.Tensor] = {}
+# faulted in again, per batch. Each ring is kept with its numpy view (``Tensor.numpy()``
+# costs ~1 us a call, several per batch).
+_RINGS: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
 _SERIAL = itertools.count()
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _dtype(code: str) -> np.dtype:
+    dt = _DTYPES.get(code)
+    if dt is None:
+        dt = _DTYPES[code] = np.dtype(code)
+    return dt
 
 
 
-def _adopt(key: tuple[int, int], ring: torch.Tensor) -> torch.Tensor:
+def _adopt(key: tuple[int, int], ring: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
     """Keep ``ring`` mapped here under ``key`` (and tell its worker so: header word 0); drop
     the rings of exited workers and the replaced rings of this one."""
     known = _RINGS.get(key)
@@ -59,9 +68,26 @@ def _adopt(key: tuple[int, int], ring: torch.Tensor) -> torch.Tensor:
     pid, serial = key
     for old in [k for k in _RINGS if (k[0] == pid and k[1] < serial) or not pid_alive(k[0])]:
         del _RINGS[old]
-    _RINGS[key] = ring
-    ring.numpy()[:8].view(np.int64)[0] = 1
-    return ring
+    entry = _RINGS[key] = (ring, ring.numpy())
+    entry[1][:8].view(np.int64)[0] = 1
+    return entry
+
+
+def _received(ring: torch.Tensor | None, key: tuple[int, int], slot: int, start: int, layout: tuple[Any, ...],
+              other: dict[str, Any], order: tuple[str, ...]) -> RingBatch:
+    """A :class:`RingBatch` arriving in the main process (what its pickle rebuilds)."""
+    if ring is None:
+        entry = _RINGS.get(key)
+        if entry is None:
+            raise RuntimeError(f"serve: a batch names shared-memory ring {key} that this process never "
+                               "received; a RingBatch can only be unpickled by the process serve() runs in")
+    else:
+        entry = _adopt(key, ring)
+    rb = RingBatch.__new__(RingBatch)
+    rb.ring, rb._np = entry
+    rb.key, rb.slot, rb.start, rb.layout, rb.other, rb.order = key, slot, start, layout, other, order
+    rb._owner = True
+    return rb
 
 
 class RingBatch:
@@ -76,40 +102,30 @@ class RingBatch:
     the last of those tensors is freed (or at once when ``pin_memory`` copies them).
     """
 
-    def __init__(self, ring: torch.Tensor, slot: int, start: int, layout: dict[str, tuple[int, str, tuple[int, ...]]],
-                 other: dict[str, Any], order: list[str], key: tuple[int, int] = (0, 0)) -> None:
+    def __init__(self, ring: torch.Tensor, slot: int, start: int, layout: tuple[tuple[str, int, str, tuple[int, ...], int], ...],
+                 other: dict[str, Any], order: tuple[str, ...], key: tuple[int, int] = (0, 0),
+                 ring_np: np.ndarray | None = None) -> None:
         self.ring = ring
+        self._np = ring.numpy() if ring_np is None else ring_np
         self.key = key
         self.slot = slot
         self.start = start
+        # (key, offset in the slot's region, dtype code, shape, nbytes) per array
         self.layout = layout
         self.other = other
         self.order = order
         self._owner = False  # True in the process that received it: it hands the slot back
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k != "_owner"}
-        if self.ring.numpy()[:8].view(np.int64)[0]:  # the main process maps this ring already
-            state["ring"] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        ring = state["ring"]
-        if ring is None:
-            ring = _RINGS.get(state["key"])
-            if ring is None:
-                raise RuntimeError(f"serve: a batch names shared-memory ring {state['key']} that this process never "
-                                   "received; a RingBatch can only be unpickled by the process serve() runs in")
-        else:
-            ring = _adopt(state["key"], ring)
-        state["ring"] = ring
-        self.__dict__.update(state)
-        self._owner = True
+    def __reduce__(self) -> tuple[Any, ...]:
+        # One flat tuple (pickled and rebuilt ~2x faster than the instance's dict). The ring
+        # travels until the main process maps it (it then sets word 0 of the header).
+        ring = None if self._np[:8].view(np.int64)[0] else self.ring
+        return (_received, (ring, self.key, self.slot, self.start, self.layout, self.other, self.order))
 
     def _give_back(self) -> None:
         if self._owner:
             self._owner = False
-            _release(self.ring.numpy(), self.slot)
+            _release(self._np, self.slot)
 
     def __del__(self) -> None:
         # Received but never unpacked (a prefetched batch of an abandoned epoch).
@@ -119,23 +135,16 @@ class RingBatch:
             pass
 
     def _used(self) -> int:
-        return max((off + _nbytes(dt, shape) for off, dt, shape in self.layout.values()), default=0)
+        return max((off + n for _, off, _, _, n in self.layout), default=0)
 
     def _cut(self, region: np.ndarray) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key in self.order:
-            if key in self.layout:
-                off, dt, shape = self.layout[key]
-                dtype = np.dtype(dt)
-                n = _nbytes(dtype, shape)
-                out[key] = torch.from_numpy(region[off : off + n].view(dtype).reshape(shape))
-            else:
-                out[key] = self.other[key]
-        return out
+        arrays = {key: torch.from_numpy(region[off : off + n].view(_dtype(dt)).reshape(shape))
+                  for key, off, dt, shape, n in self.layout}
+        return {key: arrays[key] if key in arrays else self.other[key] for key in self.order}
 
     def unpack(self) -> dict[str, Any]:
         """The batch as tensors viewing the slot; the slot is freed with the last of them."""
-        ring = self.ring.numpy()
+        ring = self._np
         used = self._used()
         if not used or not self._owner:
             region = np.array(ring[self.start : self.start + used])  # not ours to hold: copy
@@ -148,7 +157,7 @@ class RingBatch:
 
     def pin_memory(self) -> dict[str, Any]:
         """Pinned copies of the batch's tensors (the slot is freed at once)."""
-        ring = self.ring.numpy()
+        ring = self._np
         used = self._used()
         region = torch.from_numpy(ring[self.start : self.start + used]).pin_memory().numpy()
         self._give_back()
@@ -169,15 +178,16 @@ class _Ring:
         storage = torch.UntypedStorage._new_shared(total)
         self.tensor = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (total,))
         self.np = self.tensor.numpy()
+        self.address = self.np.__array_interface__["data"][0]
         self.np[:8].view(np.int64)[0] = 0
         self.flags = self.np[8 : 8 * (slots + 1)].view(np.int64)
         self.flags[:] = 0
 
     def take(self) -> int:
-        free = np.flatnonzero(self.flags == 0)
-        if not free.size:
+        free = self.flags.argmin()  # the first free slot (flags are 0 or 1)
+        if self.flags[free]:
             return -1
-        slot = int(free[0])
+        slot = int(free)
         self.flags[slot] = 1
         return slot
 
@@ -235,21 +245,22 @@ class SharedBatches:
         ring = self.ring
         if ring is None or self.slot < 0 or not v.flags.c_contiguous:
             return None
-        off = v.ctypes.data - (ring.np.ctypes.data + ring.start(self.slot))
+        off = v.__array_interface__["data"][0] - (ring.address + ring.start(self.slot))  # (.ctypes: ~5x slower)
         return off if 0 <= off and off + v.nbytes <= self.used else None
 
     def _layout(self, ring: _Ring, arrays: Mapping[str, np.ndarray],
-                placed: Mapping[str, int | None]) -> dict[str, tuple[int, str, tuple[int, ...]]]:
-        layout: dict[str, tuple[int, str, tuple[int, ...]]] = {}
+                placed: Mapping[str, int | None]) -> tuple[tuple[str, int, str, tuple[int, ...], int], ...]:
+        layout = []
         base = ring.start(self.slot)
         for key, v in arrays.items():
             off = placed[key]
+            n = v.nbytes
             if off is None:
-                off = self._carve(v.nbytes)
+                off = self._carve(n)
                 assert off is not None  # room was checked by pack()
-                ring.np[base + off : base + off + v.nbytes].view(v.dtype).reshape(v.shape)[...] = v
-            layout[key] = (off, v.dtype.str, v.shape)
-        return layout
+                ring.np[base + off : base + off + n].view(v.dtype).reshape(v.shape)[...] = v
+            layout.append((key, off, v.dtype.str, v.shape, n))
+        return tuple(layout)
 
     def pack(self, batch: Mapping[str, Any]) -> RingBatch | dict[str, Any]:
         """The batch as a :class:`RingBatch` (or plain tensors when no slot is free)."""
@@ -284,10 +295,10 @@ class SharedBatches:
             ring.flags[old] = 0
         else:
             out = self._layout(ring, arrays, placed)
-        layout, base = out, ring.start(self.slot)
-        other = to_torch({k: v for k, v in batch.items() if k not in layout})
+        base = ring.start(self.slot)
+        other = to_torch({k: v for k, v in batch.items() if k not in arrays}) if len(arrays) < len(batch) else {}
         self.sent = True
-        return RingBatch(ring.tensor, self.slot, base, layout, other, list(batch), ring.key)
+        return RingBatch(ring.tensor, self.slot, base, out, other, tuple(batch), ring.key, ring.np)
 
 
 class _WorkerInit:
@@ -460,12 +471,13 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
         is then ignored. ``bucket=N`` sets the number of length buckets.
     padded : bool
         With ``max_frames``: count padded frames (``examples x longest``), not real ones.
-    verify : {True, False, "skip"}
-        Check each served item against its stored CRC-32 in the worker that reads it
-        (default): a damaged item raises :class:`~h5store.errors.CorruptRecordError`
-        naming file, feature and id; ``"skip"`` leaves it out of its batch, warns and
-        lists it in ``loader.skipped``; False serves items unchecked (see
-        :class:`~h5store.serving.FileDataset`).
+    verify : {True, False, "always", "skip"}
+        Check each served item against its stored CRC-32 in the worker that reads it,
+        the first time the loader serves it (any worker; default): a damaged item raises
+        :class:`~h5store.errors.CorruptRecordError` naming file, feature and id;
+        ``"always"`` re-checks whole items at every read; ``"skip"`` leaves a damaged
+        item out of its batch, warns and lists it in ``loader.skipped``; False serves
+        items unchecked (see :class:`~h5store.serving.FileDataset`).
     **loader_kwargs
         Passed to :class:`torch.utils.data.DataLoader`: ``pin_memory``, ``persistent_workers``,
         ``prefetch_factor``, ``multiprocessing_context``, ``generator``, ``worker_init_fn``,

@@ -349,8 +349,9 @@ def iter_batches(file: Any, batch: Mapping[str, Getter] | None, batch_size: int 
         Which epoch to serve (its order and crops).
     params, mask, bucket, items, in_memory, rank, world_size, transform, max_frames, padded, by_shard
         As for :func:`~h5store.serving.serve` (``transform`` runs in the reader threads).
-    verify : {True, False, "skip"}
-        Check each served item against its stored CRC-32 (default; a damaged one raises
+    verify : {True, False, "always", "skip"}
+        Check each served item against its stored CRC-32, the first time it is served (default;
+        ``"always"``: whole items at every read; a damaged one raises
         :class:`~h5store.errors.CorruptRecordError`), ``"skip"`` damaged items (warned, listed
         in ``dataset.skipped``), or False: unchecked. See :class:`~h5store.serving.FileDataset`.
 

@@ -303,8 +303,9 @@ def to_tf_dataset(file: Any, batch: Mapping[str, Getter], batch_size: int = 1, *
         in :func:`~h5store.serving.serve`. Keys it adds or retypes are typed from a first
         batch read when the dataset is made (their shape then varies: give it with
         ``ensure_shape`` where a model needs it).
-    verify : {True, False, "skip"}
-        Check each served item against its stored CRC-32 (default). A damaged item raises
+    verify : {True, False, "always", "skip"}
+        Check each served item against its stored CRC-32, the first time it is served (default;
+        ``"always"``: whole items at every read). A damaged item raises
         :class:`~h5store.errors.CorruptRecordError` naming file, feature and id, which
         tf.data re-raises as ``tf.errors.InvalidArgumentError`` whose message starts with
         ``CorruptRecordError:``. ``"skip"``: damaged items are left out (their batch is
@@ -560,7 +561,7 @@ def interleave(files: Any, batch: Mapping[str, Getter], batch_size: int = 1, *, 
     shuffle : bool
         Shuffle the order of the files and the items within each file, from
         ``(seed, epoch)`` (each file with its own stream; default False, as ``DataLoader``).
-    verify : {True, False, "skip"}
+    verify : {True, False, "always", "skip"}
         Check each served item against its stored CRC-32, as for :func:`to_tf_dataset`.
     seed : int
     num_parallel_calls : int
