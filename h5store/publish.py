@@ -45,7 +45,7 @@ from h5store.errors import (
     TargetExistsError,
 )
 from h5store.integrity import verify
-from h5store.objstore import RemoteObject, is_remote, split_url
+from h5store.objstore import RemoteObject, is_remote, replaced, split_url
 
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
@@ -174,10 +174,14 @@ async def _send(fs: Any, bucket: str, key: str, fd: int, size: int, part_bytes: 
                                     PartNumber=i + 1, Body=data, ContentMD5=b64)
             etags[i] = got["ETag"]
 
+    tasks = [asyncio.ensure_future(part(i)) for i in range(n)]
     try:
-        async with asyncio.TaskGroup() as tasks:  # one failed part cancels the others
-            for i in range(n):
-                tasks.create_task(part(i))
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one failed part (or a cancel) stops the others before the abort
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         await fs._call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
                           MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": etags[i]} for i in range(n)]})
     except BaseException:
@@ -233,6 +237,7 @@ def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int) -> 
                           "or the store changed the bytes; do not use it, upload again")
         err.filename = url
         raise err
+    replaced(url)  # this process's next open of the URL reads the new object
     return Upload(url, size, etag, parts, time.perf_counter() - t0, etag_checked=not encrypted)
 
 

@@ -28,7 +28,8 @@ class S3Server:
     port: int = 0
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
     fail_status: int = 0  # answer this status ...
-    fail_count: int = 0  # ... to the next this many GETs
+    fail_count: int = 0  # ... to the next this many GETs (requests of `fail_methods`)
+    fail_methods: tuple[str, ...] = ("GET",)
     delay_s: float = 0.0  # sleep before answering every GET
     put_delay_s: float = 0.0  # sleep before answering every PUT (a part, an object): slow uploads
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -70,7 +71,7 @@ class S3Server:
             with self._lock:
                 self.requests.append((method, environ.get("PATH_INFO", ""), environ.get("HTTP_RANGE", "")))
                 status = 0
-                if method == "GET" and self.fail_count > 0:
+                if method in self.fail_methods and self.fail_count > 0:
                     self.fail_count -= 1
                     status = self.fail_status
             if method == "GET" and self.delay_s:
