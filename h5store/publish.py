@@ -259,12 +259,22 @@ def upload(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, p
     return _upload(path, obj, part_bytes, concurrency)
 
 
+_CLIENTS: dict[tuple[int, str, float, int], Any] = {}  # (pid, options, timeout, retries) -> s3fs client
+
+
 def _remote(url: str, storage_options: dict[str, Any] | None, timeout: float, retries: int) -> RemoteObject:
+    """The object at ``url`` for an upload, on this process's client for these options (making
+    a client costs ~0.4 s: uploads in a loop share one)."""
     if not is_remote(url):
         raise ValueError(f"{url}: not an object URL; write s3://BUCKET/KEY")
     split_url(url)  # a bucket and a key
-    return RemoteObject(url, storage_options=storage_options, timeout=timeout, retries=retries,
-                        retry_timeout=max(60.0, timeout))
+    obj = RemoteObject(url, storage_options=storage_options, timeout=timeout, retries=retries,
+                       retry_timeout=max(60.0, timeout))
+    key = (os.getpid(), repr(sorted((storage_options or {}).items())), float(timeout), int(retries))
+    if key not in _CLIENTS:
+        _CLIENTS[key] = obj.store()
+    obj._store, obj._pid = _CLIENTS[key], os.getpid()  # the client RemoteObject.store() would make
+    return obj
 
 
 def push(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, deep: bool = False,
