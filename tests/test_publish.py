@@ -307,6 +307,8 @@ def test_cli_push_prints_one_line(server: S3Server, tmp_path: Path, capsys: Any)
     assert main(["push", str(path), url]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith(f"{url}: uploaded") and "ETag" in out[0]
+    assert main(["info", url]) == 0  # what was published, read from the store
+    assert capsys.readouterr().out.startswith(f"{url}: Big, 20 ids, ")
     assert main(["push", str(path), url]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"h5store: error: {url} already exists: pass --overwrite to replace it (readers see the old object "
