@@ -165,11 +165,16 @@ async def _send(fs: Any, bucket: str, key: str, fd: int, size: int, part_bytes: 
     upload_id = mpu["UploadId"]
     slots = asyncio.Semaphore(concurrency)
 
+    def read(i: int) -> tuple[bytes, bytes, str]:  # in a thread: hashing releases the GIL, off the event loop
+        want = min(part_bytes, size - i * part_bytes)
+        data = os.pread(fd, want, i * part_bytes)
+        if len(data) != want:
+            raise OSError(f"part {i + 1}: read {len(data)} of {want} bytes: the file shrank while it was uploaded")
+        return (data, *_md5(data))
+
     async def part(i: int) -> None:
         async with slots:  # at most `concurrency` parts in memory
-            data = await loop.run_in_executor(None, os.pread, fd, min(part_bytes, size - i * part_bytes),
-                                              i * part_bytes)
-            digests[i], b64 = _md5(data)
+            data, digests[i], b64 = await loop.run_in_executor(None, read, i)
             got = await fs._call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload_id,
                                     PartNumber=i + 1, Body=data, ContentMD5=b64)
             etags[i] = got["ETag"]
