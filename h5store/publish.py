@@ -125,6 +125,12 @@ def _target(url: str, overwrite: bool, obj: RemoteObject, how: str = "overwrite=
         return
     except RemoteDenied:
         raise _denied(url, "looking whether the object exists") from None
+    except RemoteError as e:
+        err = RemoteError(None, f"{url}: the store did not answer whether the object exists "
+                          f"({str(e).partition('(')[2].rpartition(')')[0] or e}); nothing was sent: "
+                          "check the endpoint (AWS_ENDPOINT_URL / storage_options) and the network")
+        err.filename = url
+        raise err from None
     if not overwrite:
         raise TargetExistsError(f"{url} already exists: pass {how} to replace it (readers see the old object until "
                                 "the new one is whole)")
