@@ -53,14 +53,16 @@ class Checker:
     """One verification pass over an open file, writing into ``report``."""
 
     def __init__(self, report: VerifyReport, f: h5py.File, path: str, limits: Limits, block_bytes: int,
-                 lost_after: int | None) -> None:
+                 lost_after: int | None, file_size: int | None = None) -> None:
         self.r = report
         self.f = f
         self.path = path
         self.limits = limits
         self.block_bytes = max(int(block_bytes), 1)
         self.lost_after = lost_after
-        self.file_size = max(int(f.id.get_filesize()), os.path.getsize(path))
+        # A remote object (s3://) gives its size from its HEAD; a local file from the disk.
+        size = os.path.getsize(path) if file_size is None else file_size
+        self.file_size = max(int(f.id.get_filesize()), size)
 
     # -- reporting -----------------------------------------------------------
     def problem(self, group: str, feature: str, reason: str, row: int | None = None, ids: _Ids | None = None) -> None:

@@ -1,4 +1,4 @@
-"""The ``h5store`` command line: create, info, verify, plot, report, bench.
+"""The ``h5store`` command line: create, info, verify, push, recover, plot, report, bench.
 
 Every error is one line on stderr and a non-zero exit status, never a traceback
 (``H5STORE_DEBUG=1`` shows the traceback).
@@ -98,12 +98,30 @@ def _cmd_create(args: argparse.Namespace) -> int:
             msg = msg.replace(api, flag)
         raise CLIError(msg) from e
     report = f.report  # type: ignore[attr-defined]
+    uploaded = getattr(f, "upload", None)  # an s3:// target: built locally, then uploaded
     f.close()
     lines = report.lines()
     print(f"{args.out}: {lines[0]}")
     for line in lines[1:]:
         if args.quiet or not line.startswith("  warning"):  # with progress, create printed them
             print(line)
+    if uploaded is not None:
+        print(uploaded.summary())
+    return 0
+
+
+def _cmd_push(args: argparse.Namespace) -> int:
+    from h5store.publish import PART_BYTES, push
+
+    if args.part_size is not None and args.part_size < 5:
+        raise CLIError(f"--part-size is in MiB, at least 5 (S3's smallest part), got {args.part_size}")
+    part = PART_BYTES if args.part_size is None else args.part_size << 20
+    try:
+        done = push(args.file, args.url, overwrite=args.overwrite, deep=args.deep, part_bytes=part,
+                    concurrency=args.concurrency)
+    except H5StoreError as e:
+        raise CLIError(str(e).replace("overwrite=True", "--overwrite")) from e
+    print(done.summary())
     return 0
 
 
@@ -113,13 +131,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     with h5store.open(args.file) as f:
         schema = f.file_schema
-        if is_remote(args.file):
-            from h5store.objstore import remote_object
-
-            size = remote_object(args.file).size
-        else:
-            size = os.path.getsize(args.file)
-        print(f"{args.file}: {schema.name}, {len(f)} ids, {_human(size)} on disk, "
+        size = f.h5.id.get_filesize() if is_remote(args.file) else os.path.getsize(args.file)
+        print(f"{args.file}: {schema.name}, {len(f)} ids, {_human(size)} {'in the store' if is_remote(args.file) else 'on disk'}, "
               f"h5store format {f.h5.attrs.get('h5store_format')} (written by {f.h5.attrs.get('h5store_version')})")
         head = f"{'group/feature':<24} {'type':<26} {'items':>9} {'dtype':<8} {'item shape':<14} {'length p0/p50/p95/max':<24} {'disk':>10} {'compr.':>8}"
         print(head)
@@ -166,6 +179,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_recover(args: argparse.Namespace) -> int:
     from h5store.journal import recover
 
+    if is_remote(args.file):
+        raise CLIError(f"{args.file}: recover writes to the file; an object in a store is read-only and has no "
+                       "journal: check it with `h5store verify`, upload a good copy with `h5store push --overwrite`")
     report = recover(args.file, apply=args.apply)
     print("\n".join(report.lines))
     if not report.changed:
@@ -323,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("create", help="build a file from raw sources in parallel")
     c.add_argument("schema", help=f"module:Class, or a preset: {', '.join(PRESETS)}")
-    c.add_argument("out", help="the .h5 file to write")
+    c.add_argument("out", help="the .h5 file to write, or s3://bucket/key (built in TMPDIR, then uploaded)")
     c.add_argument("sources", nargs="+", help="folders, globs, CSV manifests or files")
     c.add_argument("--workers", "-j", type=int, default=None, help="worker processes (default: all cores)")
     c.add_argument("--resume", action="store_true", help="continue an interrupted create")
@@ -356,6 +372,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--timeout", type=float, default=600.0, help="--untrusted: seconds before the check is killed")
     v.add_argument("--max-memory", type=int, default=2048, help="--untrusted: MiB the check may allocate")
     v.set_defaults(run=_cmd_verify)
+
+    pu = sub.add_parser("push", help="upload a file to object storage (s3://bucket/key), checked first; readers "
+                                     "see the old object or the whole new one")
+    pu.add_argument("file", help="the local h5store file")
+    pu.add_argument("url", help="s3://bucket/key (endpoint and credentials: AWS_ENDPOINT_URL, AWS_* variables)")
+    pu.add_argument("--overwrite", action="store_true", help="replace an object already at the URL")
+    pu.add_argument("--deep", action="store_true",
+                    help="also check every item's CRC-32 before uploading (reads the whole file)")
+    pu.add_argument("--part-size", type=int, default=None, help="MiB per part of a multipart upload (default 64)")
+    pu.add_argument("--concurrency", type=int, default=4, help="parts uploaded at once")
+    pu.set_defaults(run=_cmd_push)
 
     r = sub.add_parser("recover", help="inspect a rollback journal left by a crash; --apply restores what it can")
     r.add_argument("file")

@@ -61,7 +61,9 @@ from h5store.errors import (
 from h5store.ingest_report import Failure, IngestReport, shown, store_failures, stored_failures
 from h5store.ingest_workers import ForkPool, chunk_work, run_parallel, spool_folder, start_workers
 from h5store.journal import journal_path
+from h5store.objstore import is_remote
 from h5store.pio import fsync_dir, fsync_file
+from h5store.publish import create_remote
 from h5store.refs import normalize_id
 from h5store.schema import Feature, Source
 from h5store.sources import check_paths, expand_sources, source_id
@@ -85,7 +87,8 @@ def _partial_path(path: str) -> str:
 def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, n_workers: int | None = None,
            mode: str | None = None, overwrite: bool = False, resume: bool = False, on_error: str = "skip",
            progress: bool = True, root: str | None = None,
-           prepared: dict[str, Feature] | None = None) -> TypedFile:
+           prepared: dict[str, Feature] | None = None,
+           storage_options: dict[str, Any] | None = None) -> TypedFile:
     """Build (or extend) a file from raw sources in parallel.
 
     Parameters
@@ -94,7 +97,10 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         The schema; features with a ``pattern`` are filled from the sources they accept.
     path : str or Path
         The file to create. It appears only when complete. A symlink is followed: the file it
-        points to is the one created, replaced or extended, and the link stays.
+        points to is the one created, replaced or extended, and the link stays. An
+        ``s3://bucket/key`` URL is built in a temporary folder (``TMPDIR``) and uploaded,
+        appearing only when whole (:func:`h5store.publish.create_remote`; ``mode="a"`` and
+        ``resume`` are refused there).
     sources : str, Path or list
         A folder (recursive), a glob, CSV manifests, paths, or a list of these.
     n_workers : int, optional
@@ -128,6 +134,9 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
         The declared features already prepared (``Feature.prepare``) over a larger set of
         sources: a sharded create (:mod:`h5store.shards`) prepares once over all its
         sources, so every shard stores the same label vocabulary. Default: prepared here.
+    storage_options : dict, optional
+        An ``s3://`` target's s3fs arguments (``endpoint_url``, ``key``...), over the
+        ``AWS_*`` environment (``docs/remote.md``).
 
     Returns
     -------
@@ -157,6 +166,12 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     path = os.fspath(path)
+    if is_remote(path):  # built locally, then uploaded whole (h5store.publish)
+        return create_remote(cls, path, lambda local: create(cls, local, sources, n_workers=n_workers, root=root,
+                                                             on_error=on_error, progress=progress),
+                             mode=mode, resume=resume, storage_options=storage_options)
+    if storage_options is not None:
+        raise TypeError(f"{path}: storage_options apply to s3:// targets only")
     if os.path.islink(path):
         # Publish where the link points (and build beside it): replacing the link itself
         # would leave the file it names stale and turn the link into a file of its own.

@@ -30,6 +30,7 @@ from h5store.advisories import H5StoreSecurityWarning
 from h5store.checker import Checker, error_text
 from h5store.errors import FormatError
 from h5store.handle import FileHandle
+from h5store.objstore import is_remote, remote_object
 from h5store.pio import read_into
 from h5store.safety import Limits, check_untrusted
 from h5store.superblock import Superblock, read_superblock
@@ -50,7 +51,7 @@ BLOCK_BYTES = 64 << 20
 
 # --------------------------------------------------------------------------- verify
 def verify(path: str | os.PathLike[str], deep: bool = True, untrusted: bool = False, max_errors: int = 1000, *,
-           limits: Limits | None = None, block_bytes: int = BLOCK_BYTES) -> VerifyReport:
+           limits: Limits | None = None, block_bytes: int = BLOCK_BYTES, **remote: Any) -> VerifyReport:
     """Check a file and report every problem, by group, feature and id.
 
     Always: the file opens (a truncated one is diagnosed from its superblock, with the
@@ -78,11 +79,16 @@ def verify(path: str | os.PathLike[str], deep: bool = True, untrusted: bool = Fa
         For ``untrusted``; also bounds the tables read here.
     block_bytes : int
         Most bytes of items held in memory at once by a deep check.
+    **remote
+        For an ``s3://`` URL: ``storage_options``, ``timeout``, ``retries``... as for
+        :func:`h5store.open`. A remote file is checked read-only through ranged GETs (the
+        items' bytes as a batch reads them); problems name the URL.
 
     Returns
     -------
     VerifyReport
-        Falsy when anything is wrong. Raises only ``FileNotFoundError``.
+        Falsy when anything is wrong. Raises only ``FileNotFoundError`` (for a URL also
+        :class:`~h5store.errors.RemoteError` when the store cannot be reached or refuses).
 
     Examples
     --------
@@ -91,6 +97,10 @@ def verify(path: str | os.PathLike[str], deep: bool = True, untrusted: bool = Fa
     (True, 'speech.h5: OK: 1 group(s), 2 feature(s), 13100 id(s), 26200 item(s), ...')
     """
     path = os.fspath(path)
+    if is_remote(path):
+        return _verify_remote(path, deep, untrusted, max_errors, limits or Limits(), block_bytes, remote)
+    if remote:
+        raise TypeError(f"{path}: {sorted(remote)} apply to remote files (s3://) only")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     t0 = time.perf_counter()
@@ -111,6 +121,26 @@ def verify(path: str | os.PathLike[str], deep: bool = True, untrusted: bool = Fa
                 report.fatal = _open_failure(path, size, sb, e)
             return report
         Checker(report, f, path, limits, block_bytes, lost_after=None).run()
+    finally:
+        handle.close()
+        report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _verify_remote(url: str, deep: bool, untrusted: bool, max_errors: int, limits: Limits, block_bytes: int,
+                   remote: dict[str, Any]) -> VerifyReport:
+    """:func:`verify` of an object in a store: the same pass, read through ranged GETs."""
+    t0 = time.perf_counter()
+    report = VerifyReport(url, deep=deep, untrusted=untrusted, max_errors=max_errors)
+    handle = FileHandle(url, "r", **remote)  # a missing object or a refused key raises, naming the URL
+    try:
+        try:
+            f = handle.file
+        except FormatError as e:
+            report.fatal = str(e)  # a truncated object: HDF5 refuses it (its end-of-file address lies past the end)
+            return report
+        size = remote_object(url).size  # the object the handle registered: its HEAD's answer
+        Checker(report, f, url, limits, block_bytes, lost_after=None, file_size=size).run()
     finally:
         handle.close()
         report.seconds = time.perf_counter() - t0
@@ -270,7 +300,7 @@ def verify_in_subprocess(path: str | os.PathLike[str], deep: bool = True, untrus
     ...     raise SystemExit(report.summary())
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if not is_remote(path) and not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     args = dict(path=path, deep=deep, untrusted=untrusted, max_errors=max_errors,
                 block_bytes=block_bytes, max_memory=max_memory, timeout=timeout)

@@ -51,6 +51,7 @@ import time
 import zlib
 
 from h5store.commit_lock import CommitLock
+from h5store.objstore import REMOTE_SCHEMES
 from h5store.pio import fsync_dir, write_all
 
 __all__ = [
@@ -497,6 +498,12 @@ def recover(path: str, apply: bool = False) -> RecoveryReport:
     >>> recover(p).lines[0].endswith("no rollback journal: nothing to recover")
     True
     """
+    if isinstance(path, str) and path.startswith(REMOTE_SCHEMES):
+        from h5store.errors import ReadOnlyError
+
+        raise ReadOnlyError(f"{path}: recover writes to the file it restores; an object in a store is read-only "
+                            "and never has a journal (it was uploaded whole): check it with `h5store verify`, "
+                            "and if it is damaged, upload a good copy again (`h5store push FILE URL --overwrite`)")
     jpath = find_journal(path)
     if jpath is None:
         return RecoveryReport(path, None, [f"{path}: no rollback journal: nothing to recover"], ok=True)

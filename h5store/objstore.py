@@ -45,7 +45,7 @@ import numpy as np
 from h5store.disk_cache import DiskCache
 from h5store.errors import RemoteDenied, RemoteError, RemoteNotFound
 
-__all__ = ["REMOTE_SCHEMES", "RemoteObject", "is_remote", "register", "remote_object", "split_url"]
+__all__ = ["REMOTE_SCHEMES", "RemoteObject", "is_remote", "register", "remote_object", "replaced", "split_url"]
 
 REMOTE_SCHEMES = ("s3://",)
 BLOCK_BYTES = 4 << 20  # the cache's (and the metadata reads') aligned unit
@@ -360,3 +360,18 @@ def remote_object(url: str) -> RemoteObject:
         if obj is None:
             obj = _OBJECTS[url] = RemoteObject(url)
         return obj
+
+
+def replaced(url: str) -> None:
+    """Say that this process replaced the object at ``url`` (``h5store.publish``): its
+    registered :class:`RemoteObject` forgets the size and ETag it had, and asks again (one
+    HEAD) at its next use, so the next open reads the new object.
+
+    Examples
+    --------
+    >>> replaced("s3://bucket/x.h5")
+    """
+    with _OBJECTS_LOCK:
+        obj = _OBJECTS.get(url)
+        if obj is not None:
+            obj._head = None

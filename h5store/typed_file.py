@@ -422,6 +422,28 @@ class TypedFile:
 
         return write_report(self, path, n=n, seed=seed, verify=verify)
 
+    def verify(self, deep: bool = True, max_errors: int = 1000) -> Any:
+        """Check this file (``h5store verify``): structure, ids, indexes and, with ``deep``, every
+        item's CRC-32; see :func:`h5store.integrity.verify`.
+
+        A remote file (``s3://``) is checked read-only through ranged GETs, with the options
+        it was opened with; a damaged item is reported by URL, feature and id.
+
+        Returns
+        -------
+        h5store.integrity.VerifyReport
+            Falsy when anything is wrong.
+
+        Examples
+        --------
+        >>> with h5s.open("s3://bucket/speech.h5") as f:  # doctest: +SKIP
+        ...     print(f.verify().summary())
+        s3://bucket/speech.h5: OK: 1 group(s), 2 feature(s), 13100 id(s), 26200 item(s), ...
+        """
+        from h5store.integrity import verify
+
+        return verify(self.path, deep=deep, max_errors=max_errors, **self._handle.remote_options)
+
     # -- lifecycle -----------------------------------------------------------
     def commit(self) -> None:
         """Make every record added so far durable: when this returns, a crash loses none of them.

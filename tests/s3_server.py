@@ -1,8 +1,8 @@
 """A real S3-compatible HTTP server on 127.0.0.1 for tests and benchmarks (moto's, in a thread).
 
 Every request passes through a WSGI layer that counts it (method, path, Range header) and
-can inject faults: a status for the next N requests (500, 403...), a delay per request, or
-refusing connections (the server stopped). Not a mock of the client: the client under test
+can inject faults: a status for the next N requests (500, 403...), a delay per GET or per
+PUT (a slow upload), or refusing connections (the server stopped). Not a mock of the client: the client under test
 speaks real HTTP to a real server.
 """
 
@@ -28,8 +28,10 @@ class S3Server:
     port: int = 0
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, range)
     fail_status: int = 0  # answer this status ...
-    fail_count: int = 0  # ... to the next this many GETs
+    fail_count: int = 0  # ... to the next this many GETs (requests of `fail_methods`)
+    fail_methods: tuple[str, ...] = ("GET",)
     delay_s: float = 0.0  # sleep before answering every GET
+    put_delay_s: float = 0.0  # sleep before answering every PUT (a part, an object): slow uploads
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -69,11 +71,13 @@ class S3Server:
             with self._lock:
                 self.requests.append((method, environ.get("PATH_INFO", ""), environ.get("HTTP_RANGE", "")))
                 status = 0
-                if method == "GET" and self.fail_count > 0:
+                if method in self.fail_methods and self.fail_count > 0:
                     self.fail_count -= 1
                     status = self.fail_status
             if method == "GET" and self.delay_s:
                 time.sleep(self.delay_s)
+            if method == "PUT" and self.put_delay_s:
+                time.sleep(self.put_delay_s)
             if status:
                 start_response(f"{status} Injected", [("Content-Type", "application/xml"), ("Content-Length", "0")])
                 return [b""]

@@ -1,0 +1,400 @@
+"""Publishing to object storage: ``create`` onto an ``s3://`` target, and :func:`push`.
+
+An object in S3 (and its compatibles) appears only when its upload completes: a single
+``PutObject`` is atomic, and a multipart upload becomes visible at
+``CompleteMultipartUpload``, never before. So a file is built locally, in a temporary folder
+(``TMPDIR``), then uploaded, and a reader sees the old object or the whole new one, never a
+half-uploaded one:
+
+- Files up to ``part_bytes`` go up in one ``PutObject``; larger ones as a multipart upload
+  of ``part_bytes`` parts (at least 5 MiB, S3's minimum), ``concurrency`` at a time, read
+  from the file as they are sent (memory: ``concurrency * part_bytes``). Every request
+  carries its body's MD5 (``Content-MD5``), which the store checks.
+- A failed or interrupted upload (an error, ``KeyboardInterrupt``) aborts its multipart
+  upload: nothing becomes visible, an old object at the URL stays. A process killed outright
+  (``SIGKILL``) leaves an incomplete multipart upload, invisible to readers, that the
+  bucket's lifecycle rule ``AbortIncompleteMultipartUpload`` removes (``docs/remote.md``).
+- Afterwards the object's size and ETag (the MD5 of the file, or of its parts' MD5s with
+  ``-N`` for N parts, computed while reading them) are checked against the file.
+
+An existing object is replaced only with ``overwrite=True`` (``mode="w"`` for ``create``),
+else :class:`~h5store.errors.TargetExistsError` names the URL, before anything is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from h5store.errors import (
+    FormatError,
+    ReadOnlyError,
+    RemoteDenied,
+    RemoteError,
+    RemoteNotFound,
+    TargetExistsError,
+)
+from h5store.integrity import verify
+from h5store.objstore import RemoteObject, is_remote, replaced, split_url
+
+if TYPE_CHECKING:
+    from h5store.typed_file import TypedFile
+
+__all__ = ["MIN_PART_BYTES", "PART_BYTES", "Upload", "create_remote", "push", "upload"]
+
+PART_BYTES = 64 << 20  # a multipart upload's part (and the largest file sent in one PutObject)
+MIN_PART_BYTES = 5 << 20  # S3's smallest part (all but the last)
+MAX_PARTS = 10_000  # S3's most parts per upload
+_TMP_PREFIX = "h5store-publish-"
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What an upload did: the URL, its size, ETag, number of parts and seconds."""
+
+    url: str
+    size: int
+    etag: str
+    parts: int
+    seconds: float
+    etag_checked: bool = True
+
+    def summary(self) -> str:
+        """One line, as ``h5store push`` prints it."""
+        how = f"{self.parts} parts" if self.parts > 1 else "one request"
+        checked = "size and ETag checked" if self.etag_checked else "size checked (the store's ETag is no MD5 here)"
+        return (f"{self.url}: uploaded {self.size / 1e6:,.1f} MB in {how} in {self.seconds:.1f} s "
+                f"(ETag {self.etag}; {checked})")
+
+
+# --------------------------------------------------------------------------- checks
+def _check_local(path: str, deep: bool) -> None:
+    """Refuse what is not a readable, undamaged h5store file, in one line naming it."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    report = verify(path, deep=deep)
+    if not report:
+        first = report.fatal or (str(report.problems[0]) if report.problems else report.summary())
+        if not first.startswith(path):
+            first = f"{path}: {first}"
+        more = f" (and {report.n_problems - 1} more problems)" if report.n_problems > 1 else ""
+        raise FormatError(f"{first}{more}; not uploaded: check it with `h5store verify {path}`")
+
+
+def _denied(url: str, doing: str) -> RemoteDenied:
+    err = RemoteDenied(None, f"{url}: access denied (HTTP 401/403) {doing}: check the credentials "
+                       "(AWS_ACCESS_KEY_ID / AWS_PROFILE / storage_options) and the bucket policy (s3:PutObject)")
+    err.filename = url
+    return err
+
+
+def _no_bucket(url: str) -> RemoteNotFound:
+    bucket, _ = split_url(url)
+    err = RemoteNotFound(None, f"{url}: no such bucket {bucket!r} (HTTP 404): create it first, or check the "
+                         "endpoint (AWS_ENDPOINT_URL)")
+    err.filename = url
+    return err
+
+
+def _target(url: str, overwrite: bool, obj: RemoteObject, how: str = "overwrite=True") -> None:
+    """Before anything is built or sent: the bucket exists, and an existing object at ``url``
+    is replaced only with ``overwrite``."""
+    try:
+        obj.head(refresh=True)
+    except RemoteNotFound:
+        bucket, _ = split_url(url)
+        fs = obj.store()
+        try:
+            _run(fs, fs._call_s3("head_bucket", Bucket=bucket), timeout=obj.retry_timeout)
+        except FileNotFoundError:
+            raise _no_bucket(url) from None
+        except PermissionError:
+            pass  # allowed to write objects, not to look at the bucket: the upload will tell
+        except Exception as e:  # noqa: BLE001 - mapped as reads' failures are
+            raise obj._failed(e) from None
+        return
+    except RemoteDenied:
+        raise _denied(url, "looking whether the object exists") from None
+    except RemoteError as e:
+        err = RemoteError(None, f"{url}: the store did not answer whether the object exists "
+                          f"({str(e).partition('(')[2].rpartition(')')[0] or e}); nothing was sent: "
+                          "check the endpoint (AWS_ENDPOINT_URL / storage_options) and the network")
+        err.filename = url
+        raise err from None
+    if not overwrite:
+        raise TargetExistsError(f"{url} already exists: pass {how} to replace it (readers see the old object until "
+                                "the new one is whole)")
+
+
+# --------------------------------------------------------------------------- the upload
+def _run(fs: Any, coro: Any, timeout: float | None = None) -> Any:
+    """Run ``coro`` on s3fs's event loop and wait; interrupted here (Ctrl-C), it is
+    cancelled there, which aborts a multipart upload in progress."""
+    fut = asyncio.run_coroutine_threadsafe(coro, fs.loop)
+    try:
+        return fut.result(timeout)
+    except BaseException:
+        if not fut.done():
+            fut.cancel()
+            concurrent.futures.wait([fut], timeout=30)
+        raise
+
+
+def _md5(data: bytes) -> tuple[bytes, str]:
+    d = hashlib.md5(data, usedforsecurity=False).digest()
+    return d, base64.b64encode(d).decode()
+
+
+async def _send(fs: Any, bucket: str, key: str, fd: int, size: int, part_bytes: int,
+                concurrency: int) -> tuple[str, int]:
+    """Upload the file open as ``fd``; the ETag it must get and the number of parts."""
+    loop = asyncio.get_running_loop()
+    if size <= part_bytes:
+        body = await loop.run_in_executor(None, os.pread, fd, size, 0)
+        d, b64 = _md5(body)
+        await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=body, ContentMD5=b64)
+        return d.hex(), 1
+    n = -(-size // part_bytes)
+    digests: list[bytes] = [b""] * n
+    etags: list[str] = [""] * n
+    mpu = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+    upload_id = mpu["UploadId"]
+    slots = asyncio.Semaphore(concurrency)
+
+    def read(i: int) -> tuple[bytes, bytes, str]:  # in a thread: hashing releases the GIL, off the event loop
+        want = min(part_bytes, size - i * part_bytes)
+        data = os.pread(fd, want, i * part_bytes)
+        if len(data) != want:
+            raise OSError(f"part {i + 1}: read {len(data)} of {want} bytes: the file shrank while it was uploaded")
+        return (data, *_md5(data))
+
+    async def part(i: int) -> None:
+        async with slots:  # at most `concurrency` parts in memory
+            data, digests[i], b64 = await loop.run_in_executor(None, read, i)
+            got = await fs._call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload_id,
+                                    PartNumber=i + 1, Body=data, ContentMD5=b64)
+            etags[i] = got["ETag"]
+
+    tasks = [asyncio.ensure_future(part(i)) for i in range(n)]
+    try:
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # one failed part (or a cancel) stops the others before the abort
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await fs._call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
+                          MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": etags[i]} for i in range(n)]})
+    except BaseException:
+        # Failed, or cancelled (an interrupt): nothing becomes visible, nothing is left billed.
+        with contextlib.suppress(Exception):
+            await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+        raise
+    return hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest() + f"-{n}", n
+
+
+def _upload_failed(url: str, e: BaseException) -> RemoteError:
+    if isinstance(e, RemoteError):
+        return e
+    if isinstance(e, PermissionError):
+        return _denied(url, "uploading")
+    if isinstance(e, FileNotFoundError):
+        return _no_bucket(url)
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    err = RemoteError(None, f"{url}: the upload failed ({type(e).__name__}: {text}); nothing was published "
+                      "(an object already there is unchanged): check the store and try again")
+    err.filename = url
+    return err
+
+
+def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int) -> Upload:
+    url = obj.url
+    if part_bytes < MIN_PART_BYTES:
+        raise ValueError(f"part_bytes={part_bytes}: S3 parts are at least {MIN_PART_BYTES} bytes (5 MiB)")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if -(-size // part_bytes) > MAX_PARTS:
+            part_bytes = -(-size // MAX_PARTS)
+        fs = obj.store()
+        try:
+            want, parts = _run(fs, _send(fs, obj.bucket, obj.key, fd, size, part_bytes, concurrency))
+        except Exception as e:  # noqa: BLE001 - botocore's, aiohttp's and s3fs's errors, mapped
+            raise _upload_failed(url, e) from None
+    finally:
+        os.close(fd)
+    try:
+        head = _run(fs, fs._call_s3("head_object", Bucket=obj.bucket, Key=obj.key), timeout=obj.retry_timeout)
+    except Exception as e:  # noqa: BLE001
+        raise obj._failed(e) from None
+    got_size, etag = int(head["ContentLength"]), str(head.get("ETag", "")).strip('"')
+    encrypted = head.get("ServerSideEncryption") == "aws:kms" or "SSECustomerAlgorithm" in head
+    if got_size != size or (etag != want and not encrypted):
+        err = RemoteError(None, f"{url}: the store holds {got_size} bytes with ETag {etag}, the upload of "
+                          f"{path} sent {size} bytes with ETag {want}: another writer replaced it meanwhile, "
+                          "or the store changed the bytes; do not use it, upload again")
+        err.filename = url
+        raise err
+    replaced(url)  # this process's next open of the URL reads the new object
+    return Upload(url, size, etag, parts, time.perf_counter() - t0, etag_checked=not encrypted)
+
+
+def upload(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, part_bytes: int = PART_BYTES,
+           concurrency: int = 4, storage_options: dict[str, Any] | None = None, timeout: float = 120.0,
+           retries: int = 4) -> Upload:
+    """Upload a local file to ``url`` atomically, without checking what it holds (see :func:`push`).
+
+    Parameters are those of :func:`push`, less ``deep``.
+
+    Examples
+    --------
+    >>> upload("speech.h5", "s3://bucket/speech.h5", overwrite=True).parts  # doctest: +SKIP
+    1
+    """
+    path = os.fspath(path)
+    obj = _remote(url, storage_options, timeout, retries)
+    _target(url, overwrite, obj)
+    return _upload(path, obj, part_bytes, concurrency)
+
+
+_CLIENTS: dict[tuple[int, str, float, int], Any] = {}  # (pid, options, timeout, retries) -> s3fs client
+
+
+def _remote(url: str, storage_options: dict[str, Any] | None, timeout: float, retries: int) -> RemoteObject:
+    """The object at ``url`` for an upload, on this process's client for these options (making
+    a client costs ~0.4 s: uploads in a loop share one)."""
+    if not is_remote(url):
+        raise ValueError(f"{url}: not an object URL; write s3://BUCKET/KEY")
+    split_url(url)  # a bucket and a key
+    obj = RemoteObject(url, storage_options=storage_options, timeout=timeout, retries=retries,
+                       retry_timeout=max(60.0, timeout))
+    key = (os.getpid(), repr(sorted((storage_options or {}).items())), float(timeout), int(retries))
+    if key not in _CLIENTS:
+        _CLIENTS[key] = obj.store()
+    obj._store, obj._pid = _CLIENTS[key], os.getpid()  # the client RemoteObject.store() would make
+    return obj
+
+
+def push(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, deep: bool = False,
+         part_bytes: int = PART_BYTES, concurrency: int = 4, storage_options: dict[str, Any] | None = None,
+         timeout: float = 120.0, retries: int = 4) -> Upload:
+    """Upload an existing h5store file to object storage (``h5store push FILE URL``).
+
+    The file is checked first (``h5store verify --quick``: it opens, its schema, ids and
+    indexes hold; with ``deep`` also every item's CRC-32): a foreign or damaged file is
+    refused with :class:`~h5store.errors.FormatError` naming it, and nothing is sent. Then it
+    is uploaded so that readers see the old object or the whole new one (module docstring),
+    and the object's size and ETag are checked against the file.
+
+    Parameters
+    ----------
+    path : str or Path
+        The local h5store file.
+    url : str
+        ``s3://bucket/key``; the bucket must exist.
+    overwrite : bool
+        Replace an object already at ``url`` (else :class:`~h5store.errors.TargetExistsError`).
+    deep : bool
+        Also check every item's CRC-32 before uploading (reads the whole file once).
+    part_bytes : int
+        Files larger than this go up as a multipart upload of parts this size (>= 5 MiB).
+    concurrency : int
+        Parts in flight at once.
+    storage_options : dict, optional
+        s3fs's arguments (``endpoint_url``, ``key``, ``secret``...) over the ``AWS_*``
+        environment, as for reads (``docs/remote.md``).
+    timeout : float
+        Seconds one request may take (a part's upload included).
+    retries : int
+        Retries of a request that failed with 5xx, a dropped connection or a timeout.
+
+    Returns
+    -------
+    Upload
+        The URL, size, ETag, number of parts and seconds.
+
+    Examples
+    --------
+    >>> push("speech.h5", "s3://bucket/speech.h5").summary()  # doctest: +SKIP
+    's3://bucket/speech.h5: uploaded 120.4 MB in 2 parts in 1.9 s (ETag 5d41...-2; size and ETag checked)'
+    """
+    path = os.fspath(path)
+    obj = _remote(url, storage_options, timeout, retries)
+    _check_local(path, deep)
+    _target(url, overwrite, obj)
+    return _upload(path, obj, part_bytes, concurrency)
+
+
+# --------------------------------------------------------------------------- create
+def _clean_stale(folder: str) -> None:
+    """Remove the build folders of publishing processes that died (killed mid-create)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            if not name.startswith(_TMP_PREFIX):
+                continue
+            pid = name[len(_TMP_PREFIX):].partition("-")[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+
+
+def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFile], *, mode: str | None,
+                  resume: bool, storage_options: dict[str, Any] | None = None,
+                  part_bytes: int = PART_BYTES) -> TypedFile:
+    """``create`` onto ``s3://``: ``build(local_path)`` in a temporary folder, upload, open remotely.
+
+    Called by :func:`h5store.ingest.create` for an ``s3://`` target. The temporary folder is
+    made in ``TMPDIR`` (:func:`tempfile.gettempdir`; it needs room for the whole file) and
+    removed afterwards, whatever happened; folders left by killed creates are removed by the
+    next one. ``mode="a"`` and ``resume=True`` are refused: both would need the object
+    downloaded and a partial file kept across runs; do them on a local file, then
+    :func:`push` it.
+
+    Returns
+    -------
+    TypedFile
+        The uploaded file opened read-only from ``url``, with ``.report`` (the create's) and
+        ``.upload`` (:class:`Upload`).
+
+    Examples
+    --------
+    >>> f = Speech.create("s3://bucket/speech.h5", sources="wavs/")  # doctest: +SKIP
+    >>> f.upload.parts, f.path  # doctest: +SKIP
+    (3, 's3://bucket/speech.h5')
+    """
+    if mode == "a":
+        raise ReadOnlyError(f'{url}: mode="a" is not supported for an s3:// target (an object cannot be appended '
+                            'to in place): create or append to a local file, then `h5store push FILE URL --overwrite`')
+    if resume:
+        raise ValueError(f"{url}: resume=True is not supported for an s3:// target (its partial file lives in a "
+                         "temporary folder removed when create ends): create locally with resume=True, then "
+                         "`h5store push FILE URL`")
+    obj = _remote(url, storage_options, 120.0, 4)
+    _target(url, mode == "w", obj, 'mode="w"')  # before the build: a refusal costs nothing
+    tmp = tempfile.gettempdir()
+    _clean_stale(tmp)
+    folder = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=tmp)
+    try:
+        local = os.path.join(folder, os.path.basename(obj.key))
+        built = build(local)
+        report = getattr(built, "report", None)
+        built.close()
+        done = _upload(local, obj, part_bytes, 4)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    out = cls(url, mode="r", **({"storage_options": storage_options} if storage_options else {}))
+    out.report = report  # type: ignore[attr-defined]
+    out.upload = done  # type: ignore[attr-defined]
+    return out

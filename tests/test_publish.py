@@ -1,0 +1,510 @@
+"""Publishing to object storage (issue 16, point 5) and remote verify, against a real S3 server.
+
+moto's S3 server runs on 127.0.0.1 (tests/s3_server.py: counts requests, injects faults on
+GETs or PUTs, slows PUTs); the client speaks real HTTP to it. A file created onto ``s3://``
+must read back equal, item for item and batch for batch, to the same create made locally;
+a multipart upload must round-trip byte for byte; an upload that fails or is killed must
+leave nothing visible (an old object stays the old one); errors name the URL, in bounded time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+import h5store as h5s
+from h5store.cli import main
+from h5store.errors import (
+    FormatError,
+    ReadOnlyError,
+    RemoteDenied,
+    RemoteError,
+    RemoteNotFound,
+    TargetExistsError,
+)
+from h5store.integrity import verify
+from h5store.journal import recover
+from h5store.publish import push
+from tests.ingest_schemas import Numbers
+from tests.s3_server import S3Server
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKET = "h5store-publish"
+MiB = 1 << 20
+
+
+class Pub(h5s.TypedFile):
+    nums = Numbers()  # ragged float32, unfiltered
+    gz = Numbers(compression="gzip", chunk_rows=64)  # ragged, compressed
+    label = h5s.DirLabel()  # fixed int64
+
+
+class Big(h5s.TypedFile):
+    x = h5s.Array(dtype="float32", shape=(None, 64))
+
+
+@pytest.fixture(scope="module")
+def s3() -> Any:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = S3Server().start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    client = _client(server)
+    client.create_bucket(Bucket=BUCKET)
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture
+def server(s3: S3Server) -> Any:
+    def clear() -> None:
+        s3.fail_count, s3.fail_status, s3.fail_methods, s3.delay_s, s3.put_delay_s = 0, 0, ("GET",), 0.0, 0.0
+
+    clear()
+    s3.reset()
+    yield s3
+    clear()
+
+
+def _client(server: S3Server) -> Any:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id="testing",
+                        aws_secret_access_key="testing", region_name="us-east-1")
+
+
+def _url(name: str = "f.h5") -> str:
+    return f"s3://{BUCKET}/{uuid.uuid4().hex}/{name}"
+
+
+def _key(url: str) -> str:
+    return url.split("/", 3)[3]
+
+
+def _object(server: S3Server, url: str) -> bytes:
+    return _client(server).get_object(Bucket=BUCKET, Key=_key(url))["Body"].read()
+
+
+def _pending(server: S3Server, url: str) -> list[str]:
+    """Incomplete multipart uploads of ``url`` (invisible to readers)."""
+    got = _client(server).list_multipart_uploads(Bucket=BUCKET, Prefix=_key(url))
+    return [u["UploadId"] for u in got.get("Uploads", []) if u["Key"] == _key(url)]
+
+
+def _sources(root: Path, n: int = 60, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        d = root / ("cat" if i % 3 else "dog")
+        d.mkdir(parents=True, exist_ok=True)
+        values = rng.standard_normal(int(rng.integers(1, 300)))
+        (d / f"{i:03d}.txt").write_text(" ".join(f"{v:.6f}" for v in values))
+    return root
+
+
+def _big(path: Path, n: int = 300) -> Path:
+    """About 16 MB: four parts of 5 MiB."""
+    rng = np.random.default_rng(1)
+    with Big(path, mode="w") as w:
+        w.extend([(f"u{i}", dict(x=rng.standard_normal((200, 64)).astype("float32"))) for i in range(n)])
+    return path
+
+
+def _same(a: Any, b: Any, what: str) -> None:
+    if isinstance(a, dict):
+        assert sorted(a) == sorted(b), what
+        for k in a:
+            _same(a[k], b[k], f"{what}[{k}]")
+        return
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), what
+        for k, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{what}[{k}]")
+        return
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
+    if a.dtype.kind == "O":
+        assert list(a.ravel()) == list(b.ravel()), what
+    else:
+        assert a.tobytes() == b.tobytes(), what
+
+
+@pytest.fixture
+def tmpdir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """TMPDIR of this test: where a create onto s3:// builds its file."""
+    tmp = tmp_path / "TMP"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    return tmp
+
+
+# --------------------------------------------------------------------------- create onto s3://
+def test_create_to_s3_equals_a_local_create(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
+    src = _sources(tmp_path / "src")
+    url = _url("pub.h5")
+    loc = Pub.create(tmp_path / "local.h5", src, n_workers=2, progress=False)
+    rem = Pub.create(url, src, n_workers=2, progress=False)
+    try:
+        assert rem.path == url and rem.upload.url == url and rem.upload.parts == 1
+        assert rem.report.n_stored == loc.report.n_stored == 60
+        assert not list(tmpdir_env.iterdir()), "the build folder was left in TMPDIR"
+        with pytest.raises(ReadOnlyError):  # the returned file is the remote one, read-only
+            rem.extend([("x", dict(nums=np.zeros(3, "float32")))])
+        assert list(rem.ids) == list(loc.ids)
+        for name in ("nums", "gz", "label"):
+            for i in range(len(loc.ids)):
+                _same(getattr(rem, name)[i], getattr(loc, name)[i], f"{name}[{i}]")
+            _same(getattr(rem, name).read_many([5, 0, 59, 5]), getattr(loc, name).read_many([5, 0, 59, 5]), name)
+        spec = dict(x=h5s.Window("nums", 1), g=h5s.Item("gz"), n=h5s.Item("nums"), y=h5s.Item("label"),
+                    i=h5s.Id())
+        a = list(loc.iter_batches(spec, 16, shuffle=True, seed=3))
+        b = list(rem.iter_batches(spec, 16, shuffle=True, seed=3))
+        assert len(a) == len(b) == 4
+        _same(a, b, "batches")
+        assert rem.verify(), rem.verify().summary()
+        loc_classes = loc.file_schema.groups[""]["label"].classes
+        assert rem.file_schema.groups[""]["label"].classes == loc_classes
+    finally:
+        loc.close()
+        rem.close()
+
+
+def test_create_to_an_existing_object_needs_mode_w(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
+    src = _sources(tmp_path / "src", n=12)
+    url = _url()
+    Pub.create(url, src, n_workers=1, progress=False).close()
+    old = _object(server, url)
+    server.reset()
+    with pytest.raises(TargetExistsError, match=rf"{url} already exists: pass mode=\"w\""):
+        Pub.create(url, src, n_workers=1, progress=False)
+    assert not [r for r in server.requests if r[0] in ("PUT", "POST")], "something was sent"
+    assert _object(server, url) == old
+    more = _sources(tmp_path / "more", n=20, seed=5)
+    with Pub.create(url, more, n_workers=1, progress=False, mode="w") as f:
+        assert len(f.ids) == 20
+    assert _object(server, url) != old
+    assert not list(tmpdir_env.iterdir())
+
+
+def test_create_to_s3_refuses_append_and_resume(server: S3Server, tmp_path: Path) -> None:
+    src = _sources(tmp_path / "src", n=3)
+    with pytest.raises(ReadOnlyError, match=r"s3://.*mode=\"a\" is not supported.*h5store push"):
+        Pub.create(_url(), src, mode="a", progress=False)
+    with pytest.raises(ValueError, match=r"s3://.*resume=True is not supported.*h5store push"):
+        Pub.create(_url(), src, resume=True, progress=False)
+    with pytest.raises(RemoteNotFound, match=r"no such bucket 'no-such-bucket-pub'"):
+        Pub.create("s3://no-such-bucket-pub/x.h5", src, progress=False)
+
+
+def test_a_failed_create_removes_its_build_folder(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
+    src = _sources(tmp_path / "src", n=4)
+    (src / "cat" / "bad.txt").write_text("boom")
+    url = _url()
+    with pytest.raises(h5s.SourceError, match="boom"):
+        Pub.create(url, src, n_workers=1, progress=False, on_error="raise")
+    assert not list(tmpdir_env.iterdir())
+    assert not [r for r in server.requests if r[0] in ("PUT", "POST")]
+    stale = tmpdir_env / "h5store-publish-999999999-abc"  # left by a killed create (no such pid)
+    stale.mkdir()
+    (stale / "x.h5").write_bytes(b"half")
+    (src / "cat" / "bad.txt").unlink()
+    Pub.create(url, src, n_workers=1, progress=False).close()
+    assert not list(tmpdir_env.iterdir()), "a dead create's build folder was kept"
+
+
+def test_cli_create_to_s3(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
+    src = _sources(tmp_path / "src", n=9)
+    url = _url()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = [sys.executable, "-m", "h5store.cli", "create", "tests.test_publish:Pub", url, str(src), "-j", "1", "-q"]
+    out = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"{url}: uploaded" in out.stdout and "size and ETag checked" in out.stdout
+    with h5s.open(url) as f:
+        assert len(f.ids) == 9
+    again = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines() == [
+        f"h5store: error: {url} already exists: pass --overwrite to replace it (readers see the old object "
+        "until the new one is whole)"]
+
+
+# --------------------------------------------------------------------------- push
+def test_multipart_push_round_trips(server: S3Server, tmp_path: Path) -> None:
+    path = _big(tmp_path / "big.h5")
+    url = _url("big.h5")
+    server.reset()
+    done = push(path, url, part_bytes=5 * MiB, concurrency=2)
+    size = path.stat().st_size
+    assert done.parts == -(-size // (5 * MiB)) >= 3 and done.size == size and done.etag.endswith(f"-{done.parts}")
+    puts = [r for r in server.requests if r[0] == "PUT" and r[1].endswith(_key(url))]
+    assert len(puts) == done.parts, server.requests
+    assert _object(server, url) == path.read_bytes()
+    assert not _pending(server, url)
+    with h5s.open(path) as loc, h5s.open(url) as rem:
+        for i in (0, 1, 150, 299):
+            _same(rem.x[i], loc.x[i], f"x[{i}]")
+    with pytest.raises(TargetExistsError, match=rf"{url} already exists: pass overwrite=True"):
+        push(path, url)
+    small = _big(tmp_path / "small.h5", n=10)
+    again = push(small, url, overwrite=True)
+    assert again.parts == 1 and _object(server, url) == small.read_bytes()
+
+
+def test_push_refuses_foreign_and_damaged_files(server: S3Server, tmp_path: Path, capsys: Any) -> None:
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f["x"] = np.arange(10)
+    text = tmp_path / "notes.h5"
+    text.write_text("not hdf5")
+    good = _big(tmp_path / "good.h5", n=20)
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    server.reset()
+    for bad in (plain, text, cut):
+        with pytest.raises(FormatError, match=rf"^{bad}: .*not uploaded"):
+            push(bad, _url())
+        assert main(["push", str(bad), _url()]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"h5store: error: {bad}: ") and "not uploaded" in err[0], err
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        push(tmp_path / "missing.h5", _url())
+    assert not [r for r in server.requests if r[0] in ("PUT", "POST")], "a refused file was sent"
+    # --deep reads every item: a flipped data byte is refused too
+    flipped = tmp_path / "flipped.h5"
+    flipped.write_bytes(good.read_bytes())
+    _flip_item_byte(flipped, "x", 7)
+    push(flipped, _url())  # the quick check reads no item data
+    with pytest.raises(FormatError, match=r"id 'u7'.*not uploaded"):
+        push(flipped, _url(), deep=True)
+
+
+def test_cli_push_prints_one_line(server: S3Server, tmp_path: Path, capsys: Any) -> None:
+    path = _big(tmp_path / "b.h5", n=20)
+    url = _url()
+    assert main(["push", str(path), url]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{url}: uploaded") and "ETag" in out[0]
+    assert main(["info", url]) == 0  # what was published, read from the store
+    assert capsys.readouterr().out.startswith(f"{url}: Big, 20 ids, ")
+    assert main(["push", str(path), url]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"h5store: error: {url} already exists: pass --overwrite to replace it (readers see the old object "
+        "until the new one is whole)"]
+    assert main(["push", str(path), url, "--overwrite", "--part-size", "1"]) == 1
+    assert "at least 5" in capsys.readouterr().err
+    assert main(["push", str(path), "s3://no-such-bucket-pub/x.h5"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such bucket" in err[0], err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_push_leaves_the_old_object(server: S3Server, tmp_path: Path, sig: int) -> None:
+    old = _big(tmp_path / "old.h5", n=20)
+    new = _big(tmp_path / "new.h5")
+    url = _url()
+    push(old, url)
+    before = _object(server, url)
+    server.reset()
+    server.put_delay_s = 1.0  # every part takes a second: the kill lands mid-upload
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "h5store.cli", "push", str(new), url, "--overwrite",
+                             "--part-size", "5", "--concurrency", "1"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if sum(1 for m, p, _ in list(server.requests) if m == "PUT" and p.endswith(_key(url))) >= 2:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        else:
+            pytest.fail("the push sent no part")
+        os.kill(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)  # waits, and closes the pipes
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:  # Ctrl-C: the upload is aborted, one line said so
+        assert proc.returncode == 130 and err.decode().strip().splitlines() == ["h5store: interrupted"], err
+    server.put_delay_s = 0.0
+    time.sleep(1.5)  # the part the server was still receiving is stored; the object must not change
+    assert _object(server, url) == before, "a killed upload changed the object"
+    with h5s.open(url) as rem, h5s.open(old) as loc:
+        assert len(rem.ids) == 20
+        _same(rem.x[19], loc.x[19], "x[19]")
+    pending = _pending(server, url)
+    if sig == signal.SIGINT:
+        assert not pending, "an interrupted upload was not aborted"
+    else:  # killed outright: an incomplete upload, invisible; a bucket lifecycle rule removes it
+        assert len(pending) == 1
+        _client(server).abort_multipart_upload(Bucket=BUCKET, Key=_key(url), UploadId=pending[0])
+
+
+@pytest.mark.parametrize("status", [403, 500])
+def test_a_failed_upload_is_aborted(server: S3Server, tmp_path: Path, status: int) -> None:
+    old = _big(tmp_path / "old.h5", n=20)
+    new = _big(tmp_path / "new.h5")
+    url = _url()
+    push(old, url)
+    before = _object(server, url)
+    server.fail_methods, server.fail_status, server.fail_count = ("PUT",), status, 10_000
+    kind = RemoteDenied if status == 403 else RemoteError
+    t = time.monotonic()
+    with pytest.raises(kind, match=rf"^{url}: ") as got:
+        push(new, url, overwrite=True, part_bytes=5 * MiB, retries=1, timeout=5)
+    assert time.monotonic() - t < 60
+    if status == 500:
+        assert "nothing was published" in str(got.value)
+    server.fail_count = 0
+    assert _object(server, url) == before
+    assert not _pending(server, url), "the multipart upload was not aborted"
+
+
+def test_transient_5xx_on_parts_are_retried(server: S3Server, tmp_path: Path) -> None:
+    path = _big(tmp_path / "big.h5")
+    url = _url()
+    server.fail_methods, server.fail_status, server.fail_count = ("PUT",), 503, 2
+    done = push(path, url, part_bytes=5 * MiB)
+    assert server.fail_count == 0 and done.parts >= 3
+    assert _object(server, url) == path.read_bytes()
+
+
+def test_push_to_a_stopped_server_fails_in_bounded_time(tmp_path: Path, s3: S3Server) -> None:
+    own = S3Server().start()
+    own.stop()
+    path = _big(tmp_path / "b.h5", n=20)
+    t = time.monotonic()
+    with pytest.raises(RemoteError, match=r"s3://h5store-publish/x\.h5: the store did not answer.*nothing was sent"):
+        push(path, f"s3://{BUCKET}/x.h5", storage_options={"endpoint_url": own.endpoint}, timeout=2, retries=1)
+    assert time.monotonic() - t < 60
+
+
+# --------------------------------------------------------------------------- verify, recover
+def _flip_item_byte(path: Path, feature: str, row: int) -> None:
+    """Flip one byte in the middle of item ``row``'s data (an unfiltered, chunked feature)."""
+    with h5py.File(path, "r", locking=False) as f:
+        ds, index = f[f"{feature}/data"], f[f"{feature}/index"][...]
+        start = int(index[row][0]) + 1
+        chunk = ds.chunks[0]
+        info = ds.id.get_chunk_info_by_coord((start // chunk * chunk,) + (0,) * (ds.ndim - 1))
+        row_bytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
+        at = info.byte_offset + (start % chunk) * row_bytes
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_remote_verify_finds_a_flipped_byte(server: S3Server, tmp_path: Path, capsys: Any) -> None:
+    good = _big(tmp_path / "good.h5", n=40)
+    url = _url("good.h5")
+    push(good, url)
+    with h5s.open(url) as f:
+        r = f.verify()
+        assert r and r.items_verified == 40, r.summary()
+    assert main(["verify", url]) == 0
+    assert capsys.readouterr().out.startswith(f"{url}: OK")
+    assert main(["verify", "--untrusted", url]) == 0  # in a limited child process, reading the URL
+    assert capsys.readouterr().out.startswith(f"{url}: OK")
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(good.read_bytes())
+    _flip_item_byte(bad, "x", 13)
+    burl = _url("bad.h5")
+    push(bad, burl)  # the quick check passes: item data is not read
+    server.reset()
+    report = verify(burl)
+    assert not report and report.n_problems == 1
+    lines = report.lines()
+    assert lines[0].startswith(f"{burl}: ") and "id 'u13'" in lines[1] and "CRC-32" in lines[1], lines
+    assert [m for m, _, _ in server.requests].count("PUT") == 0, "verify wrote"
+    assert main(["verify", burl]) == 1
+    out = capsys.readouterr().out
+    assert burl in out and "id 'u13'" in out
+    assert main(["verify", "--quick", burl]) == 0  # structure only: the data byte goes unseen
+
+
+def test_remote_verify_of_a_truncated_or_missing_object(server: S3Server, tmp_path: Path) -> None:
+    good = _big(tmp_path / "good.h5", n=20)
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    url = server.put(BUCKET, f"{uuid.uuid4().hex}/cut.h5", str(cut))
+    report = verify(url)
+    assert not report and report.fatal is not None and url in report.fatal
+    with pytest.raises(RemoteNotFound, match=rf"s3://{BUCKET}/nope\.h5"):
+        verify(f"s3://{BUCKET}/nope.h5")
+
+
+def test_recover_refuses_a_url(server: S3Server, capsys: Any) -> None:
+    url = f"s3://{BUCKET}/x.h5"
+    with pytest.raises(ReadOnlyError, match=r"s3://h5store-publish/x\.h5: recover writes.*read-only"):
+        recover(url)
+    assert main(["recover", "--apply", url]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"h5store: error: {url}: recover writes"), err
+
+
+# --------------------------------------------------------------------------- metadata layout
+@pytest.mark.parametrize("layout", [dict(fs_strategy="page", fs_page_size=64 << 10), dict(meta_block_size=1 << 20)])
+def test_other_file_space_layouts_read_equal(server: S3Server, tmp_path: Path, layout: dict) -> None:
+    """Files written with HDF5's paged file space or large metadata blocks (measured for new files,
+    not adopted: docs/design-notes.md) read, locally and remotely, equal to the default layout."""
+
+    class Two(h5s.TypedFile):
+        mel = h5s.Array(dtype="float32", shape=(None, 8), chunk_rows=64)
+        gz = h5s.Array(dtype="float16", shape=(None, 4), compression="gzip", chunk_rows=32)
+        emb = h5s.Array(dtype="float32", shape=(4,))
+
+    rng = np.random.default_rng(2)
+    recs = [(f"u{i}", dict(mel=rng.standard_normal((int(rng.integers(1, 90)), 8)).astype("float32"),
+                           gz=rng.standard_normal((int(rng.integers(1, 40)), 4)).astype("float16"),
+                           emb=rng.standard_normal(4).astype("float32"))) for i in range(400)]
+    files = {}
+    for name, kw in (("default", {}), ("other", layout)):
+        files[name] = tmp_path / f"{name}.h5"
+        with Two(files[name], mode="w", **kw) as w:
+            for a in range(0, 400, 100):  # several commits: metadata spread as a create spreads it
+                w.extend(recs[a : a + 100])
+                w.commit()
+    with h5py.File(files["other"], "r", locking=False) as f:
+        strategy = f.id.get_create_plist().get_file_space_strategy()[0]
+        assert strategy == (h5py.h5f.FSPACE_STRATEGY_PAGE if "fs_strategy" in layout else
+                            h5py.h5f.FSPACE_STRATEGY_FSM_AGGR)
+    url = _url("other.h5")
+    push(files["other"], url)
+    spec = dict(x=h5s.Window("mel", 8), g=h5s.Item("gz"), e=h5s.Item("emb"), i=h5s.Id())
+    with h5s.open(files["default"]) as base, h5s.open(files["other"]) as loc, h5s.open(url) as rem:
+        for name in ("mel", "gz", "emb"):
+            for i in range(0, 400, 7):
+                _same(getattr(loc, name)[i], getattr(base, name)[i], f"local {name}[{i}]")
+                _same(getattr(rem, name)[i], getattr(base, name)[i], f"remote {name}[{i}]")
+        a = list(base.iter_batches(spec, 50, shuffle=True, seed=1))
+        _same(list(loc.iter_batches(spec, 50, shuffle=True, seed=1)), a, "local batches")
+        _same(list(rem.iter_batches(spec, 50, shuffle=True, seed=1)), a, "remote batches")
+        assert rem.verify() and loc.verify()
