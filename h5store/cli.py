@@ -89,8 +89,10 @@ def _cmd_create(args: argparse.Namespace) -> int:
     cls = load_schema(args.schema, sr=args.sr, n_fft=args.n_fft, hop_length=args.hop_length, n_mels=args.n_mels)
     mode = "a" if args.append else "w" if args.overwrite else None
     try:
+        shards = {} if args.shard_size is None and args.shards is None else dict(shard_size=args.shard_size,
+                                                                               shards=args.shards)
         f = cls.create(args.out, args.sources, n_workers=args.workers, resume=args.resume, on_error=args.on_error,
-                       mode=mode, progress=not args.quiet)
+                       mode=mode, progress=not args.quiet, **shards)
     except H5StoreError as e:
         # The library names its keyword arguments; say the flags that do the same here.
         msg = str(e)
@@ -125,9 +127,30 @@ def _cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
+def _info_sharded(args: argparse.Namespace) -> int:
+    from h5store.shards import open_sharded
+
+    with open_sharded(args.file) as ds:
+        m = ds.manifest
+        print(f"{args.file}: {m.get('class')}, sharded: {len(m['shards'])} shards, {m['items']} ids, "
+              f"{_human(sum(e['bytes'] for e in m['shards']))} (schema hash {str(m.get('schema_hash'))[:12]})")
+        head = f"{'shard':<28} {'items':>9} {'size':>10} {'crc32':<9} first id .. last id"
+        print(head)
+        print("-" * len(head))
+        for e in m["shards"]:
+            print(f"{e['file']:<28} {e['items']:>9} {_human(e['bytes']):>10} {e.get('crc32') or '-':<9} "
+                  f"{e.get('first')} .. {e.get('last')}")
+        print(f"features: {', '.join(ds.features)}; `h5store info` on one shard shows them in detail")
+    return 0
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     import h5store
     from h5store.ingest import stored_failures
+    from h5store.shards import is_sharded
+
+    if is_sharded(args.file):
+        return _info_sharded(args)
 
     with h5store.open(args.file) as f:
         schema = f.file_schema
@@ -161,7 +184,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     import warnings
 
     from h5store.integrity import H5StoreSecurityWarning, verify, verify_in_subprocess
+    from h5store.shards import is_sharded, verify_sharded
 
+    if is_sharded(args.file):
+        if is_remote(args.file) or args.untrusted:
+            raise CLIError(f"{args.file}: a sharded dataset is verified locally and trusted; verify its shards "
+                           "one by one (h5store verify --untrusted SHARD)")
+        sharded = verify_sharded(args.file, deep=not args.quick, max_errors=args.max_errors)
+        print("\n".join(sharded.lines()))
+        return 0 if sharded else 1
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", H5StoreSecurityWarning)
         if args.untrusted:
@@ -343,6 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("sources", nargs="+", help="folders, globs, CSV manifests or files")
     c.add_argument("--workers", "-j", type=int, default=None, help="worker processes (default: all cores)")
     c.add_argument("--resume", action="store_true", help="continue an interrupted create")
+    sharding = c.add_mutually_exclusive_group()
+    sharding.add_argument("--shard-size", type=int, default=None,
+                          help="ids per shard: OUT becomes a folder of shard files and index.json (docs/shards.md)")
+    sharding.add_argument("--shards", type=int, default=None, help="the number of shards (instead of --shard-size)")
     existing = c.add_mutually_exclusive_group()
     existing.add_argument("--append", action="store_true",
                           help="add to an existing file the sources it does not hold yet")

@@ -38,6 +38,7 @@ unique across its shards.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -47,7 +48,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from h5store.errors import FormatError, SchemaError, TargetExistsError
+from h5store.errors import FormatError, H5StoreError, SchemaError, TargetExistsError
 from h5store.ingest import IngestReport, create, plan_sources
 from h5store.objstore import RemoteObject, is_remote
 from h5store.pio import fsync_dir
@@ -57,8 +58,8 @@ from h5store.serving.multifile import MultiFile, schema_hash
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
 
-__all__ = ["MANIFEST", "ShardedDataset", "create_sharded", "file_crc32", "is_sharded", "open_sharded",
-           "read_manifest"]
+__all__ = ["MANIFEST", "ShardedDataset", "ShardedVerifyReport", "create_sharded", "file_crc32", "is_sharded",
+           "open_sharded", "read_manifest", "verify_sharded"]
 
 MANIFEST = "index.json"
 _DRAFT = ".index.draft.json"
@@ -459,6 +460,70 @@ def read_manifest(path: str | os.PathLike[str], check: bool = True,
         if "/" in e["file"] or "\\" in e["file"] or e["file"] in ("", ".", ".."):
             raise FormatError(f"{p}: shard {e['file']!r} is not a file name in the manifest's folder")
     return data
+
+
+@dataclasses.dataclass
+class ShardedVerifyReport:
+    """What :func:`verify_sharded` found: the manifest's problems and each shard's report.
+    Falsy when anything is wrong."""
+
+    path: str
+    problems: list[str] = dataclasses.field(default_factory=list)
+    shards: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (file, VerifyReport)
+
+    def __bool__(self) -> bool:
+        return not self.problems and all(bool(r) for _, r in self.shards)
+
+    def lines(self) -> list[str]:
+        """A summary, the manifest's problems, then each shard's report."""
+        bad = sum(1 for _, r in self.shards if not r)
+        head = (f"{self.path}: sharded dataset, {len(self.shards)} shard(s) checked: "
+                f"{'OK' if self else f'{bad} bad shard(s), {len(self.problems)} problem(s) against the manifest'}")
+        out = [head, *(f"  {p}" for p in self.problems)]
+        for name, r in self.shards:
+            out += [f"  {name}: {line}" if k == 0 else f"  {line}" for k, line in enumerate(r.lines())]
+        return out
+
+
+def verify_sharded(path: str | os.PathLike[str], deep: bool = True, max_errors: int = 1000) -> ShardedVerifyReport:
+    """Check a local sharded dataset: every shard against the manifest (present, byte size,
+    CRC-32 of the whole file, item count, schema) and with :func:`h5store.integrity.verify`.
+
+    Examples
+    --------
+    >>> report = verify_sharded("speech/")  # doctest: +SKIP
+    >>> bool(report), report.lines()[0]  # doctest: +SKIP
+    (True, 'speech/: sharded dataset, 4 shard(s) checked: OK')
+    """
+    from h5store.integrity import verify
+
+    p = os.path.abspath(os.fspath(path))
+    folder = p if os.path.isdir(p) else _folder(p)
+    manifest = read_manifest(p)
+    report = ShardedVerifyReport(os.fspath(path))
+    for e in manifest["shards"]:
+        sp = os.path.join(folder, e["file"])
+        try:
+            size = os.path.getsize(sp)
+        except OSError:
+            report.problems.append(f"{sp}: missing (the manifest lists it)")
+            continue
+        if size != e["bytes"]:
+            report.problems.append(f"{sp}: {size} bytes, the manifest records {e['bytes']}")
+        elif deep and e.get("crc32") is not None and file_crc32(sp) != int(e["crc32"], 16):
+            report.problems.append(f"{sp}: its bytes' CRC-32 is not the manifest's: the shard was changed or damaged")
+        r = verify(sp, deep=deep, max_errors=max_errors)
+        report.shards.append((e["file"], r))
+        if r.fatal is None:
+            with contextlib.suppress(H5StoreError, OSError):  # what would stop an open, verify reported
+                import importlib
+
+                with importlib.import_module("h5store.typed_file").open(sp) as f:
+                    if len(f) != e["items"]:
+                        report.problems.append(f"{sp}: holds {len(f)} items, the manifest records {e['items']}")
+                    if schema_hash(f.file_schema) != manifest.get("schema_hash"):
+                        report.problems.append(f"{sp}: its schema is not the dataset's (built with other features)")
+    return report
 
 
 def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options: Any) -> ShardedDataset:

@@ -457,3 +457,40 @@ def test_an_s3_manifest_opens_its_shards_beside_it(built, tmp_path, monkeypatch)
             h5s.open("s3://h5store-shards/cut/")
     finally:
         server.stop()
+
+
+# ----------------------------------------------------------------------------- the command line
+def test_cli_creates_describes_and_verifies_shards(unsharded, tmp_path, capsys):
+    from h5store.cli import main
+
+    src, one, _ = unsharded
+    out = tmp_path / "ds"
+    assert main(["create", "tests.ingest_schemas:LabeledNums", str(out), str(src), "--shards", "3", "-j", "1",
+                 "-q"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"{out}: ") and "failed" in said  # the bad source and the duplicate, reported
+    with h5s.open(out) as ds:
+        assert_same(ds, one)
+    assert main(["info", str(out)]) == 0
+    info = capsys.readouterr().out
+    assert "sharded: 3 shards" in info and "shard-00002-of-00003.h5" in info, info
+    assert main(["verify", str(out / "index.json")]) == 0
+    assert "3 shard(s) checked: OK" in capsys.readouterr().out
+    # One flipped byte in a shard's items: the manifest's CRC-32 and the shard's own check name it.
+    m = read_manifest(out)
+    victim = out / m["shards"][1]["file"]
+    import h5py
+
+    with h5py.File(victim, "r") as h:  # the first byte of the nums rows
+        d = h["nums/data"]
+        offset = d.id.get_offset() if d.chunks is None else d.id.get_chunk_info(0).byte_offset
+    data = bytearray(victim.read_bytes())
+    data[offset] ^= 0x40
+    victim.write_bytes(bytes(data))
+    assert main(["verify", str(out)]) == 1
+    report = capsys.readouterr().out
+    assert f"{victim}: its bytes' CRC-32 is not the manifest's" in report, report
+    # A shard gone: named.
+    victim.unlink()
+    assert main(["verify", str(out)]) == 1
+    assert f"{victim}: missing" in capsys.readouterr().out
