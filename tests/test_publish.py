@@ -487,10 +487,10 @@ def test_other_file_space_layouts_read_equal(outside: ProcessS3Server, tmp_path:
     """Files written with HDF5's paged file space or large metadata blocks (measured for new files,
     not adopted: docs/design-notes.md) read, locally and remotely, equal to the default layout.
 
-    KNOWN ISSUE (read side, not understood yet): when the two local files' ``iter_batches`` run
-    before the remote one in this process, the remote ``iter_batches``' reopen blocked on its first
-    GET until the 60 s read timeout, in 5 runs of 5 (the server in a thread or in its own process,
-    the object uploaded by push or by boto3). The remote batches are therefore read first here.
+    The local files are read first: their reader threads leave h5py objects for the garbage
+    collector, which once made the remote reopen deadlock (h5py's lock held by HDF5 around a
+    remote read, a collection on s3fs's loop thread waiting for it; 5 runs of 5 blocked until
+    the 60 s timeout). ``fileobj._collector_paused`` fixed it; this order keeps it fixed.
     """
 
     class Two(h5s.TypedFile):
@@ -518,9 +518,9 @@ def test_other_file_space_layouts_read_equal(outside: ProcessS3Server, tmp_path:
     push(files["other"], url, **opts)
     spec = dict(x=h5s.Window("mel", 8), g=h5s.Item("gz"), e=h5s.Item("emb"), i=h5s.Id())
     with h5s.open(files["default"]) as base, h5s.open(files["other"]) as loc, h5s.open(url, **opts) as rem:
-        b = list(rem.iter_batches(spec, 50, shuffle=True, seed=1))
         a = list(base.iter_batches(spec, 50, shuffle=True, seed=1))
         _same(list(loc.iter_batches(spec, 50, shuffle=True, seed=1)), a, "local batches")
+        b = list(rem.iter_batches(spec, 50, shuffle=True, seed=1))
         _same(b, a, "remote batches")
         for name in ("mel", "gz", "emb"):
             for i in range(0, 400, 7):
