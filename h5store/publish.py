@@ -350,6 +350,24 @@ def _clean_stale(folder: str) -> None:
                 shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
 
+def _keep_build(local: str, tmp: str, url: str, e: BaseException) -> None:
+    """Move a built file whose upload failed out of the folder about to be removed, and say in
+    ``e``'s message where it is and how to upload it."""
+    try:
+        fd, kept = tempfile.mkstemp(prefix="h5store-unpublished-", suffix=f"-{os.path.basename(local)}", dir=tmp)
+        os.close(fd)
+        os.replace(local, kept)
+    except OSError:
+        return
+    note = f"; the built file is kept at {kept}: upload it with `h5store push {kept} {url}`, then delete it"
+    if isinstance(e, OSError) and e.strerror:
+        e.strerror = f"{e.strerror}{note}"
+    elif len(e.args) == 1 and isinstance(e.args[0], str):
+        e.args = (f"{e.args[0]}{note}",)
+    else:
+        e.add_note(note.lstrip("; "))
+
+
 def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFile], *, mode: str | None,
                   resume: bool, storage_options: dict[str, Any] | None = None,
                   part_bytes: int = PART_BYTES) -> TypedFile:
@@ -358,7 +376,8 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
     Called by :func:`h5store.ingest.create` for an ``s3://`` target. The temporary folder is
     made in ``TMPDIR`` (:func:`tempfile.gettempdir`; it needs room for the whole file) and
     removed afterwards, whatever happened; folders left by killed creates are removed by the
-    next one. ``mode="a"`` and ``resume=True`` are refused: both would need the object
+    next one. When the build succeeded but its upload failed, the built file is kept in
+    ``TMPDIR`` (``h5store-unpublished-*``) and the error says where, for ``h5store push``. ``mode="a"`` and ``resume=True`` are refused: both would need the object
     downloaded and a partial file kept across runs; do them on a local file, then
     :func:`push` it.
 
@@ -391,7 +410,11 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
         built = build(local)
         report = getattr(built, "report", None)
         built.close()
-        done = _upload(local, obj, part_bytes, 4)
+        try:
+            done = _upload(local, obj, part_bytes, 4)
+        except BaseException as e:
+            _keep_build(local, tmp, url, e)  # hours of create are not lost to a network error
+            raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     out = cls(url, mode="r", **({"storage_options": storage_options} if storage_options else {}))

@@ -245,6 +245,20 @@ def test_a_failed_create_removes_its_build_folder(server: S3Server, tmp_path: Pa
     assert not list(tmpdir_env.iterdir()), "a dead create's build folder was kept"
 
 
+def test_a_failed_upload_keeps_the_built_file_for_push(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
+    src = _sources(tmp_path / "src", n=4)
+    url = _url()
+    server.fail_methods, server.fail_status, server.fail_count = ("PUT",), 403, 10_000
+    with pytest.raises(h5s.H5StoreError, match=r"the built file is kept at .*h5store-unpublished-.*h5store push") as e:
+        Pub.create(url, src, n_workers=1, progress=False)
+    server.fail_count = 0
+    kept = [p for p in tmpdir_env.iterdir()]
+    assert len(kept) == 1 and kept[0].name.startswith("h5store-unpublished-") and str(kept[0]) in str(e.value)
+    push(kept[0], url)  # what the message says to do
+    with Pub(url) as rem, Pub(kept[0]) as loc:
+        assert list(rem.ids) == list(loc.ids) and len(loc) == 4
+
+
 def test_cli_create_to_s3(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
     src = _sources(tmp_path / "src", n=9)
     url = _url()
