@@ -32,16 +32,13 @@ __all__ = ["OVERLAY_BYTES", "JournaledFile", "ReadOnlyFile", "RemoteFile"]
 OVERLAY_BYTES = 64 << 20  # committed pages held in memory before a transaction spills
 
 
-class _PositionedFile(io.RawIOBase):
-    """A file for h5py's ``fileobj`` driver on a descriptor of its own: positioned I/O only
-    (``pread``/``pwrite`` at a position kept here), so a descriptor offset shared across a
-    fork never moves, and the object names the file (h5py reports its repr as the name)."""
+class _Positioned(io.RawIOBase):
+    """A seekable file object for h5py's ``fileobj`` driver that keeps its own position and
+    names its file (h5py reports its repr as the name); ``_end()`` is the file's size."""
 
-    def __init__(self, path: str, fd: int) -> None:
+    def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
-        self._fd = fd
-        self._pid = os.getpid()
         self._pos = 0
 
     def __repr__(self) -> str:
@@ -53,11 +50,11 @@ class _PositionedFile(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def fileno(self) -> int:
-        return self._fd
-
     def tell(self) -> int:
         return self._pos
+
+    def _end(self) -> int:
+        raise NotImplementedError
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if whence == io.SEEK_SET:
@@ -65,8 +62,24 @@ class _PositionedFile(io.RawIOBase):
         elif whence == io.SEEK_CUR:
             self._pos += offset
         else:
-            self._pos = os.fstat(self._fd).st_size + offset
+            self._pos = self._end() + offset
         return self._pos
+
+
+class _PositionedFile(_Positioned):
+    """A file on a descriptor of its own: positioned I/O only (``pread``/``pwrite`` at a
+    position kept here), so a descriptor offset shared across a fork never moves."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        super().__init__(path)
+        self._fd = fd
+        self._pid = os.getpid()
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def _end(self) -> int:
+        return os.fstat(self._fd).st_size
 
 
 class ReadOnlyFile(_PositionedFile):
@@ -120,7 +133,7 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-class RemoteFile(io.RawIOBase):
+class RemoteFile(_Positioned):
     """A read-only remote object for h5py's ``fileobj`` driver: HDF5's metadata reads served
     from aligned blocks of the object, each fetched once (a ranged GET, or the cache folder).
 
@@ -137,35 +150,15 @@ class RemoteFile(io.RawIOBase):
     """
 
     def __init__(self, obj: RemoteObject, block_bytes: int = 1 << 20, keep_bytes: int = 64 << 20) -> None:
-        super().__init__()
+        super().__init__(obj.url)
         self.obj = obj
-        self.path = obj.url
         self.block_bytes = block_bytes
         self._keep = max(1, keep_bytes // block_bytes)
         self._blocks: dict[int, Any] = {}  # block number -> bytes, in use order
-        self._pos = 0
         self._size = obj.size  # one HEAD; a missing object or a refused key raises here, naming the URL
 
-    def __repr__(self) -> str:
-        return self.path
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            self._pos = offset
-        elif whence == io.SEEK_CUR:
-            self._pos += offset
-        else:
-            self._pos = self._size + offset
-        return self._pos
+    def _end(self) -> int:
+        return self._size
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")

@@ -8,9 +8,11 @@ speaks real HTTP to a real server.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,3 +155,25 @@ class ProcessS3Server(S3Server):
 
     def reset(self) -> None:
         self._count("DELETE")
+
+
+@contextlib.contextmanager
+def running_with_env() -> Iterator[S3Server]:
+    """An :class:`S3Server` started, with the standard ``AWS_*`` variables pointing at it (spawned
+    workers inherit them); the variables restored and the server stopped afterwards."""
+    import logging
+    import os
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = S3Server().start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()

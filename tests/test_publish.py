@@ -9,7 +9,6 @@ leave nothing visible (an old object stays the old one); errors name the URL, in
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -41,7 +40,7 @@ from h5store.integrity import verify
 from h5store.journal import recover
 from h5store.publish import push
 from tests.ingest_schemas import Numbers
-from tests.s3_server import ProcessS3Server, S3Server
+from tests.s3_server import ProcessS3Server, S3Server, running_with_env
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "h5store-publish"
@@ -60,21 +59,9 @@ class Big(h5s.TypedFile):
 
 @pytest.fixture(scope="module")
 def s3() -> Any:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = S3Server().start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())
-    client = _client(server)
-    client.create_bucket(Bucket=BUCKET)
-    try:
+    with running_with_env() as server:
+        _client(server).create_bucket(Bucket=BUCKET)
         yield server
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ workers under fork and spawn, the cache folder, faults.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import os
 import signal
@@ -33,7 +32,7 @@ from h5store.objstore import register
 from h5store.readers import Reader, choose_reader
 from h5store.remote_reader import RemoteChunkReader, RemoteReader
 from h5store.testing import ReaderTests
-from tests.s3_server import S3Server
+from tests.s3_server import S3Server, running_with_env
 from tests.test_readers import _store
 
 BUCKET = "h5store-tests"
@@ -41,19 +40,8 @@ BUCKET = "h5store-tests"
 
 @pytest.fixture(scope="module")
 def s3() -> Any:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = S3Server().start()
-    saved = {k: os.environ.get(k) for k in server.env()}
-    os.environ.update(server.env())  # the standard variables: spawned workers inherit them
-    try:
+    with running_with_env() as server:  # the standard AWS_* variables: spawned workers inherit them
         yield server
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 @pytest.fixture
