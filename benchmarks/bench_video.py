@@ -576,13 +576,14 @@ def video_section(cfg: Config, paths: list[str], run: int) -> str:
                    r(rate, k, "h5py Dataset " + k.split()[-1])] for k, t in torch_timings.items()]
     cores = [t.cores for t in tf_timings.values()]
     notes = (
-        f"Reading the figures: each tf.data/numpy pipeline got {min(cores):.2f}-{max(cores):.2f} of a core "
-        "(column cores) on this shared machine, so a second reader thread or worker had no idle core to run on: "
-        "the scaling targets are not measurable here. CPU ms per clip (process CPU time per clip, all threads; "
-        "workers not counted) is the figure the load moves least: what a clip costs. ")
+        f"Reading the figures: each tf.data/numpy pipeline kept {min(cores):.2f}-{max(cores):.2f} cores busy "
+        "(column cores) at the load noted above. Where the machine was quiet and a pipeline still stays well "
+        "below 2 cores, its own serial part (Python holding the GIL around each batch) limits it, not other jobs. "
+        "CPU ms per clip (process CPU time per clip, all threads; workers not counted) is the figure the load "
+        "moves least: what a clip costs. ")
     if "T1" in rate and "G3" in rate:
         notes += (f"h5store's tf.data path (T1) spent {cpu_ratio('T1', 'G3')} less CPU per clip than G3 "
-                  f"({cpu('T1')} against {cpu('G3')} ms); whether throughput follows on idle cores was not measured. ")
+                  f"({cpu('T1')} against {cpu('G3')} ms); its throughput also depends on the cores it keeps busy (column cores). ")
     if "T1" in rate and "TB" in rate:
         cheaper = "T" if rate["T1"].cpu_us_per_item < rate["TB"].cpu_us_per_item else "TB"
         notes += (f"Decoding in the reader threads (T1, {cpu('T1')} ms) against tf.io.decode_jpeg in the graph "
