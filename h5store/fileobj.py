@@ -5,6 +5,7 @@ each commit (the protocol: :mod:`h5store.journal`).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import errno
 import gc
@@ -53,8 +54,9 @@ class _Positioned(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
+    @abc.abstractmethod
     def _end(self) -> int:
-        raise NotImplementedError
+        """The file's size: where ``seek(0, SEEK_END)`` lands."""
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if whence == io.SEEK_SET:

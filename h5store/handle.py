@@ -107,7 +107,7 @@ class FileHandle:
 
     Examples
     --------
-    >>> import pickle, tempfile, os
+    >>> import tempfile, os
     >>> p = os.path.join(tempfile.mkdtemp(), "x.h5")
     >>> h = FileHandle(p, "w"); _ = h.file.create_group("g"); h.close()
     >>> r = FileHandle(p, "r")

@@ -27,6 +27,7 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -359,7 +360,12 @@ def _keep_build(local: str, tmp: str, url: str, e: BaseException) -> None:
         os.replace(local, kept)
     except OSError:
         return
-    note = f"; the built file is kept at {kept}: upload it with `h5store push {kept} {url}`, then delete it"
+    _add_to_message(e, f"; the built file is kept at {kept}: upload it with `h5store push {kept} {url}`, then "
+                       "delete it")
+
+
+def _add_to_message(e: BaseException, note: str) -> None:
+    """Append ``note`` to what ``str(e)`` says (the CLI prints that line)."""
     if isinstance(e, OSError) and e.strerror:
         e.strerror = f"{e.strerror}{note}"
     elif len(e.args) == 1 and isinstance(e.args[0], str):
@@ -407,7 +413,13 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
     folder = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=tmp)
     try:
         local = os.path.join(folder, os.path.basename(obj.key))
-        built = build(local)
+        try:
+            built = build(local)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                _add_to_message(e, f"; {url} is built whole in TMPDIR ({tmp}) before its upload: point TMPDIR at "
+                                   "a disk with room for the whole file (TMPDIR=/big/tmp)")
+            raise
         report = getattr(built, "report", None)
         built.close()
         try:

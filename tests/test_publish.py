@@ -10,6 +10,7 @@ leave nothing visible (an old object stays the old one); errors name the URL, in
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from h5store.journal import recover
 from h5store.publish import push
 from tests.ingest_schemas import Numbers
 from tests.s3_server import ProcessS3Server, S3Server, running_with_env
+from tests.test_remote import _same
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "h5store-publish"
@@ -127,25 +129,6 @@ def _big(path: Path, n: int = 300) -> Path:
     with Big(path, mode="w") as w:
         w.extend([(f"u{i}", dict(x=rng.standard_normal((200, 64)).astype("float32"))) for i in range(n)])
     return path
-
-
-def _same(a: Any, b: Any, what: str) -> None:
-    if isinstance(a, dict):
-        assert sorted(a) == sorted(b), what
-        for k in a:
-            _same(a[k], b[k], f"{what}[{k}]")
-        return
-    if isinstance(a, (list, tuple)):
-        assert len(a) == len(b), what
-        for k, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{what}[{k}]")
-        return
-    a, b = np.asarray(a), np.asarray(b)
-    assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
-    if a.dtype.kind == "O":
-        assert list(a.ravel()) == list(b.ravel()), what
-    else:
-        assert a.tobytes() == b.tobytes(), what
 
 
 @pytest.fixture
@@ -244,6 +227,25 @@ def test_a_failed_upload_keeps_the_built_file_for_push(server: S3Server, tmp_pat
     push(kept[0], url)  # what the message says to do
     with Pub(url) as rem, Pub(kept[0]) as loc:
         assert list(rem.ids) == list(loc.ids) and len(loc) == 4
+
+
+def test_a_full_tmpdir_says_where_the_build_goes(server: S3Server, tmp_path: Path, small_disk: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create onto s3:// builds the whole file in TMPDIR first: when that fills (a real 2 MiB
+    tmpfs), the error says so and how to move it; nothing is uploaded, nothing left there."""
+    rng = np.random.default_rng(3)
+    for i in range(12):  # ~3 MB of rows, twice (nums and gz): more than the disk holds
+        d = tmp_path / "src" / "cat"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{i:03d}.txt").write_text(" ".join(f"{v:.6f}" for v in rng.standard_normal(60_000)))
+    monkeypatch.setenv("TMPDIR", str(small_disk))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    url = _url()
+    with pytest.raises(OSError, match=rf"{re.escape(url)} is built whole in TMPDIR \({re.escape(str(small_disk))}\)"
+                       r".*point TMPDIR at a disk with room"):
+        Pub.create(url, tmp_path / "src", n_workers=1, progress=False)
+    assert not list(small_disk.iterdir())
+    assert not [r for r in server.requests if r[0] in ("PUT", "POST")], "something was uploaded"
 
 
 def test_cli_create_to_s3(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:

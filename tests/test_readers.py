@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ def _store(tmp_path: Path, data: np.ndarray, **kw: Any) -> str:
     return path
 
 
-class _FromFile(ReaderTests):
+class PickledReaderTests(ReaderTests):
+    """The kit with a byte-level pickle round trip (what DataLoader's spawn workers receive)."""
+
+    def roundtrip(self, obj: Any) -> Any:
+        return pickle.loads(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+class _FromFile(PickledReaderTests):
     """Readers of a dataset in a file: the file stays open (read-only) while the test runs."""
 
     kw: dict[str, Any] = {}
@@ -119,12 +127,12 @@ class TestH5ReaderOfAnyDataset(_FromFile):
         return H5Reader(ds)
 
 
-class TestMemoryReader(ReaderTests):
+class TestMemoryReader(PickledReaderTests):
     def make_reader(self, tmp_path: Path, data: np.ndarray) -> Reader:
         return MemoryReader(data.copy())
 
 
-class TestMemoryReaderRagged(ReaderTests):
+class TestMemoryReaderRagged(PickledReaderTests):
     """Rows of a different shape: uint8 scalars (the ids table, blobs)."""
 
     def make_data(self) -> np.ndarray:

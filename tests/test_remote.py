@@ -31,9 +31,8 @@ from h5store.fileobj import RemoteFile
 from h5store.objstore import register
 from h5store.readers import Reader, choose_reader
 from h5store.remote_reader import RemoteChunkReader, RemoteReader
-from h5store.testing import ReaderTests
 from tests.s3_server import S3Server, running_with_env
-from tests.test_readers import _store
+from tests.test_readers import PickledReaderTests, _store
 
 BUCKET = "h5store-tests"
 
@@ -57,7 +56,7 @@ def upload(server: S3Server, path: str | Path) -> str:
 
 
 # --------------------------------------------------------------------------- the reader kit
-class _Remote(ReaderTests):
+class _Remote(PickledReaderTests):
     """A dataset written locally, uploaded, read back through h5py on a RemoteFile."""
 
     kw: dict[str, Any] = dict(chunks=(16, 3), maxshape=(None, 3))

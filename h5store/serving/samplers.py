@@ -105,6 +105,12 @@ class _EpochBatches:
         """This rank's batches of ``epoch``, in order."""
         raise TypeError(f"{type(self).__name__} must define batches(epoch)")
 
+    def _in_batches(self, order: np.ndarray) -> list[np.ndarray]:
+        """``order`` cut into batches of ``batch_size`` (a short last one dropped with ``drop_last``)."""
+        bs = self.batch_size
+        stop = len(order) // bs * bs if self.drop_last else len(order)
+        return [order[a : a + bs] for a in range(0, stop, bs)]
+
     # -- epochs ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (reshuffles deterministically from ``(seed, epoch)``)."""
@@ -220,10 +226,7 @@ class BatchSampler(_EpochBatches):
         return order.astype(_I64, copy=False)
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        order = self.indices(epoch)
-        bs = self.batch_size
-        stop = len(order) // bs * bs if self.drop_last else len(order)
-        return [order[a : a + bs] for a in range(0, stop, bs)]
+        return self._in_batches(self.indices(epoch))
 
     def __len__(self) -> int:
         ws = self.world_size
@@ -362,10 +365,7 @@ class ShardBatchSampler(_EpochBatches):
         return np.resize(order, self.share) if len(order) else order
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        order = self.indices(epoch)
-        bs = self.batch_size
-        stop = len(order) // bs * bs if self.drop_last else len(order)
-        return [order[a : a + bs] for a in range(0, stop, bs)]
+        return self._in_batches(self.indices(epoch))
 
     def __len__(self) -> int:
         return self.share // self.batch_size if self.drop_last else math.ceil(self.share / self.batch_size)

@@ -34,7 +34,7 @@ from h5store.serving import FileDataset
 from h5store.serving import loader as loader_mod
 from h5store.serving.buffers import BatchPool
 from h5store.serving.getters import mix64
-from h5store.testing import ReaderTests
+from tests.test_readers import PickledReaderTests
 
 ROWS = 16  # rows per chunk of mel
 N = 60
@@ -120,7 +120,7 @@ def test_the_file_has_extents_and_items_crossing_chunks(chunky: Path) -> None:
     assert ext_of.any(), "some item crosses two extents (read extent by extent)"
 
 
-class TestDirectExtents(ReaderTests):
+class TestDirectExtents(PickledReaderTests):
     """Chunks written in runs of three with another dataset's chunk between runs."""
 
     reads_after_fork = True
