@@ -221,13 +221,15 @@ def main() -> None:
         n_chunks = len(list(chunks.glob("*.bin")))
         lit_mb = sum(p.stat().st_size for p in chunks.glob("*") if p.is_file()) / 1e6
         lit_data = f", or {n_chunks} LitData {litdata.__version__} chunks ({lit_mb:.0f} MB in all)"
+        lit_shuffle = ", LitData the chunk order and the items within each chunk"
     else:
-        lit_data = " (LitData skipped: litdata not installed)"
+        lit_data = " (LitData skipped: litdata is not installed)"
+        lit_shuffle = ""
     lines = [f"Data: {n} items of (50-250, {C.N_MELS}) float32 log-mels and a label: one {h5_mb:.0f} MB h5store "
              f"file, or {shards} WebDataset tar shards of .npy samples ({tar_mb:.0f} MB in all){lit_data}, in one "
              f"moto S3 server on 127.0.0.1 (its own process). Random {WINDOW}-frame windows, batches of {BS}, "
-             "shuffled: h5store a full permutation per epoch, WebDataset the shard order and a 256-sample buffer, "
-             "LitData the chunk order and the items within each chunk.", ""]
+             "shuffled: h5store a full permutation per epoch, WebDataset the shard order and a 256-sample "
+             f"buffer{lit_shuffle}.", ""]
     with C.LoadAverage() as load:
         # -- the first batch of a cold open / a fresh pipeline -----------------------------
         def h5_first() -> C.Run:
@@ -334,20 +336,27 @@ def main() -> None:
         head = ["workers", "epoch", "h5store", "WebDataset", "h5store vs WebDataset"]
         if chunks is not None:
             head = [*head[:4], "LitData", "h5store vs WebDataset", "h5store vs LitData"]
-        lines += ["Whole epochs, items/s, best of interleaved rounds; 0 workers: h5store's `iter_batches`, the "
-                  "WebDataset pipeline iterated directly, `StreamingDataLoader(num_workers=0)`; 2 workers: "
-                  "`serve(num_workers=2)`, `DataLoader(pipeline, batch_size=None, num_workers=2)` and "
-                  "`StreamingDataLoader(num_workers=2)` (fork). LitData always caches whole chunks: its three "
-                  "epoch-1 rows are one measurement, an epoch with an empty `cache_dir`:", "",
-                  C.md_table(head, rows), ""]
+        if chunks is None:
+            how = ("0 workers: h5store's `iter_batches`, the WebDataset pipeline iterated directly; 2 workers: "
+                   "`serve(num_workers=2)` and `DataLoader(pipeline, batch_size=None, num_workers=2)` (fork):")
+        else:
+            how = ("0 workers: h5store's `iter_batches`, the WebDataset pipeline iterated directly, "
+                   "`StreamingDataLoader(num_workers=0)`; 2 workers: `serve(num_workers=2)`, `DataLoader(pipeline, "
+                   "batch_size=None, num_workers=2)` and `StreamingDataLoader(num_workers=2)` (fork). LitData always "
+                   "caches whole chunks: its three epoch-1 rows are one measurement, an epoch with an empty "
+                   "`cache_dir`:")
+        lines += [f"Whole epochs, items/s, best of interleaved rounds; {how}", "", C.md_table(head, rows), ""]
     srv.stop()
     lines += [C.load_note(load.span), "",
               f"Command: `python benchmarks/bench_stream.py{' --quick' if args.quick else ''}` ({C.today()}).",
               "moto's server reads the whole object for every GET: each of h5store's ranged GETs costs it the "
-              f"{h5_mb:.0f} MB file's read, each WebDataset shard or LitData chunk one read per epoch. On S3 a GET "
-              "costs 20-80 ms of latency whatever its size, which favours the fewer, larger requests of the "
-              "libraries' caches. LitData's chunk GETs go through obstore with `allow_http` added to the client "
-              "options LitData fixes (the test server is plain http; see `lit_allow_http`)."]
+              f"{h5_mb:.0f} MB file's read, each WebDataset shard{' or LitData chunk' if chunks else ''} one read "
+              "per epoch. On S3 a GET costs 20-80 ms of latency whatever its size, which favours the fewer, larger "
+              "requests of the libraries' caches."
+              + ("" if chunks is None else
+                 " LitData's chunk GETs go through obstore with `allow_http` added to the client options LitData "
+                 "fixes (the test server is plain http; see `lit_allow_http`); once its 0-worker runs have started "
+                 "obstore in this process, its forked workers download with boto3 (LitData's own fallback).")]
     C.publish(HEADING, "\n".join(lines), not args.no_write, started)
 
 
