@@ -56,8 +56,13 @@ bench: $(VENV)/.base-installed
 
 # Every table of benchmarks/RESULTS.md, each script writing its own section (~1 hour;
 # `make bench-all BENCH_ALL_ARGS=--quick` for a smoke run, `--only serve,cold` for a subset).
+# The bench extra adds the baselines only benchmarks use (litdata), kept out of the test set-up.
 BENCH_ALL_ARGS ?=
-bench-all: $(VENV)/.dev-installed
+$(VENV)/.bench-installed: pyproject.toml constraints.txt $(VENV)/.dev-installed
+	$(PIP_INSTALL) -e ".[dev,tf,dask,image,plot,s3,bench]"
+	touch $@
+
+bench-all: $(VENV)/.bench-installed
 	$(PY) benchmarks/run_all.py $(BENCH_ALL_ARGS)
 
 clean:
