@@ -373,6 +373,13 @@ class EncodedFrames(Feature):
         except ValueError as e:
             raise SchemaError(f"stored frame: not a decodable image ({e})") from None
 
+    def decode_frames_into(self, blobs: Any, out: np.ndarray, min_size: tuple[int, int] | None = None) -> None:
+        """Decode a clip's stored frames into ``out[k]`` (a ``(K, H, W, C)`` slot of a batch; :func:`jpeg.decode_many`)."""
+        try:
+            jpeg.decode_many(blobs, out, min_size)
+        except ValueError as e:
+            raise SchemaError(f"stored frame: not a decodable image ({e})") from None
+
     def decode(self, raw: Any) -> np.ndarray:
         if not len(raw):
             return np.zeros((0, 0, 0, 3), np.uint8)

@@ -400,16 +400,21 @@ class FileSet:
 
     def read_blobs(self, name: str, items: np.ndarray, first: np.ndarray, count: np.ndarray) -> list[list[np.ndarray]]:
         """Blobs ``[first, first + count)`` of each "blobs" item (only their bytes are read)."""
+        items = np.asarray(items, dtype=_I64)
+        first = np.broadcast_to(np.asarray(first, dtype=_I64), items.shape)
+        count = np.broadcast_to(np.asarray(count, dtype=_I64), items.shape).copy()
         ks = self.file_of(items) if len(self.files) > 1 else np.zeros(len(items), _I64)
-        out = []
         if self.verify:
             self._check_once(name, items)
-        bad = {p for p, n in self.failed if n == name}
-        for k, p, a, c in zip(ks.tolist(), items.tolist(), np.broadcast_to(first, len(items)).tolist(), count.tolist()):
-            if p in bad:  # skipped (verify="skip"): the batch is fetched again without it
-                out.append([])
-                continue
-            out.append(self.column(k, name).read_blobs(p - int(self.starts[k]), a, a + c))
+        bad = [p for p, n in self.failed if n == name]
+        if bad:  # skipped (verify="skip"): the batch is fetched again without them
+            count[np.isin(items, bad)] = 0
+        out: list[list[np.ndarray]] = [[] for _ in range(len(items))]
+        for k in np.unique(ks).tolist():  # one planned read per file
+            at = np.flatnonzero(ks == k)
+            got = self.column(k, name).read_blob_spans(items[at] - int(self.starts[k]), first[at], first[at] + count[at])
+            for j, blobs in zip(at.tolist(), got):
+                out[j] = blobs
         return out
 
     # -- checks -----------------------------------------------------------------

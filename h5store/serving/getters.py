@@ -596,13 +596,17 @@ def _decode_clips(files: FileSet, name: str, raws: list[list[Any]], count: np.nd
         raise SchemaError(f"{files.where(name)}: every item of the batch is empty; nothing to clip")
     shape = tuple(feat.frame_shape(first, min_size))
     out = files.alloc((len(raws), length, *shape), np.uint8)
+    many = getattr(feat, "decode_frames_into", None)
     for j, r in enumerate(raws):
-        for t, blob in enumerate(r):
-            try:
-                into(blob, out[j, t], min_size)
-            except SchemaError as e:
-                raise SchemaError(f"{files.where(name)}: {e} (videos of one batch must share a frame size: "
-                                  "pass min_size to decode them smaller, or serve them with Item)") from None
+        try:
+            if many is not None:
+                many(r, out[j, : len(r)], min_size)
+            else:
+                for t, blob in enumerate(r):
+                    into(blob, out[j, t], min_size)
+        except SchemaError as e:
+            raise SchemaError(f"{files.where(name)}: {e} (videos of one batch must share a frame size: "
+                              "pass min_size to decode them smaller, or serve them with Item)") from None
         if len(r) < length:
             out[j, len(r):] = 0
     return Padded(out, count, always=False)

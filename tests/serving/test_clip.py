@@ -74,11 +74,11 @@ def test_clips_are_k_consecutive_frames_reproducible_per_epoch(video_path: Path)
 
 def test_a_clip_reads_only_its_frames(video_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spans: list[tuple[int, int]] = []
-    real = Column.read_blobs
+    real = Column.read_blob_spans
 
-    def spy(self: Column, row: int, first: int, stop: int) -> list[np.ndarray]:
-        spans.append((first, stop))
-        return real(self, row, first, stop)
+    def spy(self: Column, rows: np.ndarray, first: np.ndarray, stop: np.ndarray) -> list[list[np.ndarray]]:
+        spans.extend(zip(np.asarray(first).tolist(), np.asarray(stop).tolist()))
+        return real(self, rows, first, stop)
 
     def no_whole_items(self: Column, *args: object, **kwargs: object) -> None:
         raise AssertionError("a clip must not read whole videos")
@@ -87,7 +87,7 @@ def test_a_clip_reads_only_its_frames(video_path: Path, monkeypatch: pytest.Monk
     unchecked = FileDataset(f, dict(clip=h5s.Window("video", K)), verify=False)
     checked = FileDataset(f, dict(clip=h5s.Window("video", K)))
     checked.fetch([0, 1, 2, 4])  # verify=True: each video is read whole (its CRC-32) once per process
-    monkeypatch.setattr(Column, "read_blobs", spy)
+    monkeypatch.setattr(Column, "read_blob_spans", spy)
     monkeypatch.setattr(Column, "read_items", no_whole_items)
     unchecked.fetch([0, 1, 2, 4])
     checked.fetch([0, 1, 2, 4])  # ... and only its clip's frames afterwards
