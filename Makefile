@@ -56,10 +56,11 @@ bench: $(VENV)/.base-installed
 
 # Every table of benchmarks/RESULTS.md, each script writing its own section (~1 hour;
 # `make bench-all BENCH_ALL_ARGS=--quick` for a smoke run, `--only serve,cold` for a subset).
-# The bench extra adds the baselines only benchmarks use (litdata), kept out of the test set-up.
+# The bench extra and litdata add the baselines only benchmarks use, kept out of the test set-up.
 BENCH_ALL_ARGS ?=
 $(VENV)/.bench-installed: pyproject.toml constraints.txt $(VENV)/.dev-installed
 	$(PIP_INSTALL) -e ".[dev,tf,dask,image,plot,s3,bench]"
+	$(PIP) install -q --no-deps "litdata==0.2.76"  # not its torchvision: see the bench extra
 	touch $@
 
 bench-all: $(VENV)/.bench-installed
