@@ -445,6 +445,76 @@ def test_few_requests_to_open_and_per_batch(tmp_path: Path, server: S3Server) ->
         assert len(server.gets()) <= 4 * len(b), len(server.gets())
 
 
+def _groups(ranges: list[tuple[int, int]]) -> int:
+    """How many GETs ``RemoteObject._get`` makes of these byte ranges (those closer than COALESCE joined)."""
+    from h5store.objstore import COALESCE
+
+    n, end = 0, None
+    for a, z in sorted(ranges):
+        if end is None or a - end > COALESCE:
+            n += 1
+            end = z
+        else:
+            end = max(end, z)
+    return n
+
+
+def _in(header: str, spans: list[tuple[int, int]]) -> bool:
+    """Whether the GET of ``Range: header`` fetched one of ``spans`` (``[a, z)`` byte ranges)."""
+    a, _, z = header.removeprefix("bytes=").partition("-")
+    return any(int(a) <= s and e <= int(z) + 1 for s, e in spans)
+
+
+def test_a_batchs_gets_are_concurrent_and_one_set_per_feature(tmp_path: Path, server: S3Server) -> None:
+    """One batch of two features: each feature's ranges are coalesced into one set of GETs
+    (a count computed from the items' byte offsets, never one per item), and a set's GETs are
+    in flight at the same time (the server slowed to 0.2 s per GET, batches read one at a time)."""
+
+    class Two(h5s.TypedFile):
+        big = h5s.Array(dtype="float32", shape=(None, 1024))  # 512 KiB per item: a few items per MiB
+        small = h5s.Array(dtype="int16", shape=(None,))  # all items within one KiB
+
+    path = tmp_path / "two.h5"
+    rng = np.random.default_rng(0)
+    with Two(path, mode="w") as w:
+        w.extend([(f"u{i:03d}", dict(big=rng.standard_normal((128, 1024)).astype("float32"),
+                                     small=rng.integers(0, 99, int(rng.integers(5, 40))).astype("int16")))
+                  for i in range(32)])
+    with h5py.File(path, "r") as h:  # where each item's bytes lie in the file
+        def spans(name: str) -> list[tuple[int, int]]:
+            ds, index = h[f"{name}/data"], h[f"{name}/index"][()]
+            rb, rows = ds.dtype.itemsize * int(np.prod(ds.shape[1:])), ds.chunks[0]
+            out = []
+            for r0, r1 in index.tolist():
+                assert r0 // rows == (r1 - 1) // rows, "an item across chunks: the test's layout assumption"
+                at = ds.id.get_chunk_info_by_coord((r0 - r0 % rows,) + (0,) * (ds.ndim - 1)).byte_offset
+                out.append((at + (r0 % rows) * rb, at + (r1 - 1) % rows * rb + rb))
+            return out
+
+        where = {name: spans(name) for name in ("big", "small")}
+    url = upload(server, path)
+    spec = dict(b=h5s.Item("big"), s=h5s.Item("small"), p=h5s.Position())
+    overlapped = 0
+    with h5s.open(url) as f:
+        server.delay_s = 0.2
+        it = f.iter_batches(spec, 8, shuffle=True, seed=1, threads=0)  # one batch at a time, in this thread
+        next(it)  # the first batch also reads the index (once)
+        for k in range(1, 4):
+            server.reset()
+            batch = next(it)
+            gets = server.gets()
+            mine = {name: [(a, z) for a, z in (where[name][p] for p in batch["p"].tolist())] for name in where}
+            by = {name: [g for g in gets if _in(g[2], mine[name])] for name in where}
+            assert len(by["big"]) + len(by["small"]) == len(gets), (gets, mine)
+            assert len(by["small"]) == 1, f"batch {k}: {len(by['small'])} GETs for 8 items within 1 KiB: {gets}"
+            assert len(by["big"]) == _groups(mine["big"]), (k, gets, sorted(mine["big"]))
+            if len(by["big"]) > 1:
+                overlapped += 1
+                assert server.max_in_flight >= len(by["big"]), (
+                    f"batch {k}: its {len(by['big'])} GETs of one feature were not in flight together "
+                    f"(at most {server.max_in_flight} at once)")
+        assert overlapped, "no batch needed several GETs: the test proves nothing"
+
 # --------------------------------------------------------------------------- the cache folder
 def test_cache_serves_epoch_two_without_requests(mixed: tuple[Path, str], server: S3Server, tmp_path: Path) -> None:
     path, url = mixed
