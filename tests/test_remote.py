@@ -597,6 +597,61 @@ def test_cache_is_bounded(tmp_path: Path) -> None:
     assert c.get("k0") is None, "the oldest entry was kept past the bound"
 
 
+# --------------------------------------------------------------------------- credentials from files
+def _aws_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: S3Server, profile: str,
+               select: bool) -> None:
+    """No AWS_* credential or endpoint variable; a credentials file and a config file that
+    define ``profile`` (keys; region and ``endpoint_url`` in its config section), selected by
+    AWS_PROFILE when ``select``."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+              "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(k, raising=False)
+    creds, config = tmp_path / "credentials", tmp_path / "config"
+    creds.write_text(f"[{profile}]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    config.write_text(f"[profile {profile}]\nregion = us-east-1\nendpoint_url = {server.endpoint}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    if select:
+        monkeypatch.setenv("AWS_PROFILE", profile)
+
+
+def test_credentials_and_endpoint_from_a_profile_in_the_aws_files(mixed: tuple[Path, str], server: S3Server,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """botocore's standard places: AWS_PROFILE names a profile whose keys are in the shared
+    credentials file and whose ``endpoint_url`` is in the config file; no variable holds them."""
+    import botocore
+
+    if tuple(int(x) for x in botocore.__version__.split(".")[:2]) < (1, 31):
+        pytest.fail(f"botocore {botocore.__version__} reads no endpoint_url from a profile (1.31+ does)")
+    path, _ = mixed
+    url = upload(server, path)  # a URL no process has opened: its client is made in this environment
+    _aws_files(tmp_path, monkeypatch, server, "lab", select=True)
+    server.reset()
+    with h5s.open(path) as loc, h5s.open(url) as rem:
+        for i in (0, 33, 119):
+            _same(rem.mel[i], loc.mel[i], f"mel[{i}]")
+            _same(rem.gz[i], loc.gz[i], f"gz[{i}]")
+    assert server.gets(), "read from somewhere other than the profile's endpoint"
+
+
+def test_storage_options_profile_selects_a_profile(mixed: tuple[Path, str], server: S3Server,
+                                                   monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """storage_options={"profile": name} (s3fs's argument) picks a profile of the AWS files
+    that no variable selects; without it there are no credentials, and the error says so."""
+    path, _ = mixed
+    url = upload(server, path)
+    _aws_files(tmp_path, monkeypatch, server, "other", select=False)
+    with pytest.raises(RemoteDenied, match=r"no S3 credentials"):
+        h5s.open(url, storage_options={"endpoint_url": server.endpoint}, retries=1, retry_timeout=10)
+    server.reset()
+    with h5s.open(path) as loc, h5s.open(url, storage_options={"profile": "other"}) as rem:
+        _same(rem.lz.read_many([7, 0, 99]), loc.lz.read_many([7, 0, 99]), "lz")
+        _same(rem.text[5], loc.text[5], "text[5]")
+    assert server.gets()
+
+
 # --------------------------------------------------------------------------- faults
 def test_missing_object_and_bucket_name_the_url(server: S3Server) -> None:
     url = f"s3://{BUCKET}/no/such.h5"
