@@ -587,6 +587,89 @@ def test_cache_survives_kills_and_concurrent_fills(mixed: tuple[Path, str], serv
             _same(rem.gz[i], loc.gz[i], f"gz[{i}]")
 
 
+class Blocks(h5s.TypedFile):
+    x = h5s.Array(dtype="float32", shape=(None, 128))  # unfiltered: ranges of the file
+    gz = h5s.Array(dtype="float32", shape=(None, 16), compression="gzip", chunk_rows=256)  # compressed chunks
+
+
+def _fill_at_random(url: str, cache: str, env: dict[str, str], seed: int) -> None:
+    """A process filling the cache folder forever: 1 MiB blocks, a bound of a third of the
+    file (so blocks are evicted and fetched again, and writes never stop)."""
+    os.environ.update(env)
+    rng = np.random.default_rng(seed)
+    with h5s.open(url, cache_dir=cache, cache_bytes=3 << 20, block_bytes=1 << 20) as f:
+        n = len(f.ids)
+        while True:
+            for i in rng.permutation(n).tolist():
+                f.x[i]
+                f.gz[i]
+
+
+def test_cache_survives_kills_in_the_middle_of_fills(server: S3Server, tmp_path: Path) -> None:
+    """Three processes fill one cache folder (1 MiB blocks of an 8 MB file, a 3 MiB bound:
+    evictions keep the fills going; GETs slowed so that they fetch the same blocks at once);
+    each round SIGKILLs one of them the moment it sees that process's temporary file (a fill
+    being written), then the others at random moments (seeded). Afterwards every entry is
+    whole, at least one kill did leave a half-written temporary file, a fresh reader of the
+    folder reads every item equal to the local file, and the leftovers are removed once stale."""
+    from h5store.disk_cache import _HEADER, _STALE_TMP_S
+
+    rng = np.random.default_rng(16)
+    path = tmp_path / "blocks.h5"
+    with Blocks(path, mode="w") as w:
+        w.extend([(f"b{i:03d}", dict(x=rng.standard_normal((int(rng.integers(50, 200)), 128)).astype("float32"),
+                                     gz=rng.standard_normal((int(rng.integers(20, 80)), 16)).astype("float32")))
+                  for i in range(120)])
+    size = path.stat().st_size
+    assert size > 6 << 20, size
+    url = upload(server, path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    whole = {_HEADER.size + (1 << 20), _HEADER.size + size % (1 << 20)}  # a block's entry, and the last one's
+    ctx = mp.get_context("fork")
+    server.delay_s = 0.01
+    hunted = 0
+    for round_ in range(4):
+        procs = [ctx.Process(target=_fill_at_random, args=(url, str(cache), server.env(), 100 * round_ + k))
+                 for k in range(3)]
+        for p in procs:
+            p.start()
+        alive = {p.pid: p for p in procs}
+        time.sleep(float(rng.uniform(0.2, 0.8)))  # the fills under way (and the first ones done)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(alive) == len(procs):
+            for name in os.listdir(cache):  # a fill being written: "<entry>.blk.<pid>.<random>.tmp"
+                if name.endswith(".tmp") and int(name.split(".")[-3]) in alive:
+                    os.kill(int(name.split(".")[-3]), signal.SIGKILL)
+                    alive.pop(int(name.split(".")[-3]))
+                    hunted += 1
+                    break
+        for pid in list(alive):
+            time.sleep(float(rng.uniform(0, 0.05)))
+            os.kill(pid, signal.SIGKILL)
+        for p in procs:
+            p.join(10)
+            assert p.exitcode == -signal.SIGKILL, f"round {round_}: a filler ended by itself ({p.exitcode})"
+    server.delay_s = 0.0
+    assert hunted, "no fill was ever seen being written: the test proves nothing"
+    left = [e for e in cache.iterdir() if e.name.endswith(".tmp")]
+    torn = [e for e in left if e.stat().st_size not in whole]
+    assert torn, f"no kill landed in the middle of a write ({len(left)} whole temporary files left)"
+    entries = list(cache.glob("*.blk"))
+    assert entries
+    for e in entries:  # every entry under its final name is whole: never a half-written one
+        assert DiskCache(cache).get_path(e) is not None, f"{e} is damaged"
+    with h5s.open(path) as loc, h5s.open(url, cache_dir=str(cache), block_bytes=1 << 20) as rem:
+        for i in range(len(loc.ids)):
+            _same(rem.x[i], loc.x[i], f"x[{i}]")
+            _same(rem.gz[i], loc.gz[i], f"gz[{i}]")
+    assert all(e.exists() for e in torn), "a leftover was renamed into place"
+    old = time.time() - _STALE_TMP_S - 60
+    for e in left:
+        os.utime(e, (old, old))
+    DiskCache(cache, max_bytes=3 << 20).evict()  # a scan of the folder removes stale leftovers
+    assert not [e for e in cache.iterdir() if e.name.endswith(".tmp")]
+
 def test_cache_is_bounded(tmp_path: Path) -> None:
     c = DiskCache(tmp_path / "c", max_bytes=10_000)
     for k in range(50):
