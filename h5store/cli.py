@@ -118,8 +118,11 @@ def _cmd_push(args: argparse.Namespace) -> int:
     if args.part_size is not None and args.part_size < 5:
         raise CLIError(f"--part-size is in MiB, at least 5 (S3's smallest part), got {args.part_size}")
     part = PART_BYTES if args.part_size is None else args.part_size << 20
+    from h5store.shards import is_sharded, push_sharded
+
+    send = push_sharded if is_sharded(args.file) else push  # a sharded folder: its shards, then index.json
     try:
-        done = push(args.file, args.url, overwrite=args.overwrite, deep=args.deep, part_bytes=part,
+        done = send(args.file, args.url, overwrite=args.overwrite, deep=args.deep, part_bytes=part,
                     concurrency=args.concurrency)
     except H5StoreError as e:
         raise CLIError(str(e).replace("overwrite=True", "--overwrite")) from e
@@ -410,8 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     pu = sub.add_parser("push", help="upload a file to object storage (s3://bucket/key), checked first; readers "
                                      "see the old object or the whole new one")
-    pu.add_argument("file", help="the local h5store file")
-    pu.add_argument("url", help="s3://bucket/key (endpoint and credentials: AWS_ENDPOINT_URL, AWS_* variables)")
+    pu.add_argument("file", help="the local h5store file, or a sharded dataset's folder (its shards go up first, "
+                                 "index.json last)")
+    pu.add_argument("url", help="s3://bucket/key (a sharded dataset: s3://bucket/prefix; endpoint and credentials: "
+                                "AWS_ENDPOINT_URL, AWS_* variables)")
     pu.add_argument("--overwrite", action="store_true", help="replace an object already at the URL")
     pu.add_argument("--deep", action="store_true",
                     help="also check every item's CRC-32 before uploading (reads the whole file)")

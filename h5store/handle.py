@@ -52,7 +52,8 @@ LOCK_TIMEOUT = 60.0
 
 WRITE_MODES = frozenset({"r+", "a", "w", "w-", "x"})
 # Options of a remote file (``s3://``), taken out of those h5py gets: see RemoteObject.
-REMOTE_OPTIONS = ("storage_options", "cache_dir", "cache_bytes", "timeout", "retries", "retry_timeout")
+REMOTE_OPTIONS = ("storage_options", "cache_dir", "cache_bytes", "block_bytes", "timeout", "retries",
+                  "retry_timeout")
 _MODES = WRITE_MODES | {"r"}
 
 # Writable h5py files open in this process: their descriptors are silenced in forked children.
@@ -102,7 +103,7 @@ class FileHandle:
     **options
         Passed to :class:`h5py.File` (``rdcc_nbytes``, ``libver``, ...); for a remote file
         (``s3://bucket/key``, read-only) also ``storage_options``, ``cache_dir``,
-        ``cache_bytes``, ``timeout``, ``retries``, ``retry_timeout``
+        ``cache_bytes``, ``block_bytes``, ``timeout``, ``retries``, ``retry_timeout``
         (:class:`~h5store.objstore.RemoteObject`).
 
     Examples

@@ -98,6 +98,8 @@ class RemoteObject:
         Retries of a request that failed with 5xx, a dropped connection or a timeout.
     retry_timeout : float
         Seconds after which a failing request is not retried any more.
+    block_bytes : int
+        The cache folder's unit: aligned blocks of this many bytes are fetched and kept.
 
     Examples
     --------
@@ -120,6 +122,8 @@ class RemoteObject:
         self.retries = int(retries)
         self.retry_timeout = float(retry_timeout)
         self.block_bytes = int(block_bytes)
+        if self.block_bytes < 1:
+            raise ValueError(f"{url}: block_bytes must be >= 1, got {block_bytes!r}")
         self._reset()
 
     def _reset(self) -> None:

@@ -19,6 +19,11 @@ half-uploaded one:
 
 An existing object is replaced only with ``overwrite=True`` (``mode="w"`` for ``create``),
 else :class:`~h5store.errors.TargetExistsError` names the URL, before anything is built.
+
+A sharded dataset goes up the same way, file by file, with this module's parts
+(:func:`h5store.shards.push_sharded`; a sharded ``create`` onto ``s3://`` builds its folder in
+``TMPDIR`` first): every shard, then the manifest ``index.json`` last, so a reader never finds
+a manifest naming a shard that is not there yet.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ from h5store.objstore import RemoteObject, is_remote, replaced, split_url
 if TYPE_CHECKING:
     from h5store.typed_file import TypedFile
 
-__all__ = ["MIN_PART_BYTES", "PART_BYTES", "Upload", "create_remote", "push", "upload"]
+__all__ = ["MIN_PART_BYTES", "PART_BYTES", "ShardedUpload", "Upload", "create_remote", "push", "upload"]
 
 PART_BYTES = 64 << 20  # a multipart upload's part (and the largest file sent in one PutObject)
 MIN_PART_BYTES = 5 << 20  # S3's smallest part (all but the last)
@@ -78,9 +83,37 @@ class Upload:
                 f"(ETag {self.etag}; {checked})")
 
 
+@dataclass(frozen=True)
+class ShardedUpload:
+    """What the upload of a sharded dataset did: the manifest's URL and each file's :class:`Upload`
+    (the shards in the manifest's order, then ``index.json``)."""
+
+    url: str
+    uploads: tuple[Upload, ...]
+    seconds: float
+
+    @property
+    def size(self) -> int:
+        return sum(u.size for u in self.uploads)
+
+    @property
+    def parts(self) -> int:
+        return sum(u.parts for u in self.uploads)
+
+    def summary(self) -> str:
+        """One line, as ``h5store push`` and ``h5store create --shard-size`` print it."""
+        checked = ("sizes and ETags checked" if all(u.etag_checked for u in self.uploads)
+                   else "sizes checked (the store's ETags are no MD5 here)")
+        return (f"{self.url}: uploaded {len(self.uploads) - 1} shards, then the manifest, {self.size / 1e6:,.1f} MB "
+                f"in {self.parts} requests in {self.seconds:.1f} s ({checked})")
+
+
 # --------------------------------------------------------------------------- checks
 def _check_local(path: str, deep: bool) -> None:
     """Refuse what is not a readable, undamaged h5store file, in one line naming it."""
+    if os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: a folder, not a file; a sharded dataset's folder goes up with "
+                                "`h5store push FOLDER URL` (h5store.shards.push_sharded)")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
     report = verify(path, deep=deep)
@@ -292,7 +325,8 @@ def _remote(url: str, storage_options: dict[str, Any] | None, timeout: float, re
 def push(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, deep: bool = False,
          part_bytes: int = PART_BYTES, concurrency: int = 4, storage_options: dict[str, Any] | None = None,
          timeout: float = 120.0, retries: int = 4) -> Upload:
-    """Upload an existing h5store file to object storage (``h5store push FILE URL``).
+    """Upload an existing h5store file to object storage (``h5store push FILE URL``); a sharded
+    dataset's folder goes up with :func:`h5store.shards.push_sharded` (``h5store push FOLDER URL``).
 
     The file is checked first (``h5store verify --quick``: it opens, its schema, ids and
     indexes hold; with ``deep`` also every item's CRC-32): a foreign or damaged file is
@@ -352,15 +386,21 @@ def _clean_stale(folder: str) -> None:
 
 
 def _keep_build(local: str, tmp: str, url: str, e: BaseException) -> None:
-    """Move a built file whose upload failed out of the folder about to be removed, and say in
-    ``e``'s message where it is and how to upload it."""
+    """Move a built file (or a sharded dataset's folder) whose upload failed out of the folder
+    about to be removed, and say in ``e``'s message where it is and how to upload it."""
+    folder = os.path.isdir(local)
     try:
-        fd, kept = tempfile.mkstemp(prefix="h5store-unpublished-", suffix=f"-{os.path.basename(local)}", dir=tmp)
-        os.close(fd)
+        if folder:
+            kept = tempfile.mkdtemp(prefix="h5store-unpublished-", suffix=f"-{os.path.basename(local)}", dir=tmp)
+            os.rmdir(kept)  # the name, taken; the built folder moves there
+        else:
+            fd, kept = tempfile.mkstemp(prefix="h5store-unpublished-", suffix=f"-{os.path.basename(local)}", dir=tmp)
+            os.close(fd)
         os.replace(local, kept)
     except OSError:
         return
-    _add_to_message(e, f"; the built file is kept at {kept}: upload it with `h5store push {kept} {url}`, then "
+    what = "sharded dataset (shards and index.json)" if folder else "file"
+    _add_to_message(e, f"; the built {what} is kept at {kept}: upload it with `h5store push {kept} {url}`, then "
                        "delete it")
 
 
@@ -433,3 +473,17 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
     out.report = report  # type: ignore[attr-defined]
     out.upload = done  # type: ignore[attr-defined]
     return out
+
+
+def _delete(obj: RemoteObject, doing: str) -> None:
+    """Delete the object (gone already: nothing to do); refused: :class:`RemoteDenied` saying ``doing``."""
+    fs = obj.store()
+    try:
+        _run(fs, fs._call_s3("delete_object", Bucket=obj.bucket, Key=obj.key), timeout=obj.retry_timeout)
+    except FileNotFoundError:
+        pass
+    except PermissionError:
+        raise _denied(obj.url, doing) from None
+    except Exception as e:  # noqa: BLE001 - mapped as reads' failures are
+        raise obj._failed(e) from None
+    replaced(obj.url)

@@ -47,7 +47,7 @@ class RemoteReader(ReaderBase):
     """
 
     stable = True  # an object is immutable: its offsets never move
-    releases_gil = True  # the requests run in obstore's Rust runtime
+    releases_gil = True  # s3fs runs the requests on fsspec's event-loop thread; the caller waits with the GIL released
     survives_fork = True  # the client is made again per process (RemoteObject.store)
 
     def __init__(self, obj: RemoteObject, shape: tuple[int, ...], dtype: np.dtype, starts: np.ndarray,

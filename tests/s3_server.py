@@ -2,7 +2,8 @@
 
 Every request passes through a WSGI layer that counts it (method, path, Range header) and
 can inject faults: a status for the next N requests (500, 403...), a delay per GET or per
-PUT (a slow upload), or refusing connections (the server stopped). Not a mock of the client: the client under test
+PUT (a slow upload), or refusing connections (the server stopped). It also records the most
+GET requests answered at once (``max_in_flight``): with a delay, whether a client's GETs overlap. Not a mock of the client: the client under test
 speaks real HTTP to a real server.
 """
 
@@ -34,6 +35,8 @@ class S3Server:
     fail_methods: tuple[str, ...] = ("GET",)
     delay_s: float = 0.0  # sleep before answering every GET
     put_delay_s: float = 0.0  # sleep before answering every PUT (a part, an object): slow uploads
+    in_flight: int = 0  # GET requests being answered now
+    max_in_flight: int = 0  # the most GET requests answered at once since the last reset()
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -76,14 +79,23 @@ class S3Server:
                 if method in self.fail_methods and self.fail_count > 0:
                     self.fail_count -= 1
                     status = self.fail_status
-            if method == "GET" and self.delay_s:
-                time.sleep(self.delay_s)
-            if method == "PUT" and self.put_delay_s:
-                time.sleep(self.put_delay_s)
-            if status:
-                start_response(f"{status} Injected", [("Content-Type", "application/xml"), ("Content-Length", "0")])
-                return [b""]
-            return app(environ, start_response)
+                if method == "GET":
+                    self.in_flight += 1
+                    self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                if method == "GET" and self.delay_s:
+                    time.sleep(self.delay_s)
+                if method == "PUT" and self.put_delay_s:
+                    time.sleep(self.put_delay_s)
+                if status:
+                    start_response(f"{status} Injected", [("Content-Type", "application/xml"),
+                                                          ("Content-Length", "0")])
+                    return [b""]
+                return app(environ, start_response)  # moto answers whole: its body is made here
+            finally:
+                if method == "GET":
+                    with self._lock:
+                        self.in_flight -= 1
 
         return counted
 
@@ -94,6 +106,7 @@ class S3Server:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.max_in_flight = self.in_flight
 
     def env(self) -> dict[str, str]:
         """The standard AWS variables pointing a client at this server."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -263,6 +264,119 @@ def test_cli_create_to_s3(server: S3Server, tmp_path: Path, tmpdir_env: Path) ->
     assert again.stderr.strip().splitlines() == [
         f"h5store: error: {url} already exists: pass --overwrite to replace it (readers see the old object "
         "until the new one is whole)"]
+
+
+# --------------------------------------------------------------------------- sharded datasets onto s3://
+def _keys(server: S3Server, prefix_url: str) -> list[str]:
+    got = _client(server).list_objects_v2(Bucket=BUCKET, Prefix=_key(prefix_url) + "/")
+    return sorted(o["Key"].rsplit("/", 1)[1] for o in got.get("Contents", []))
+
+
+@pytest.mark.parametrize("how", [dict(shard_size=25), dict(shards=2)])
+def test_sharded_create_to_s3_equals_a_local_unsharded_create(server: S3Server, tmp_path: Path, tmpdir_env: Path,
+                                                              monkeypatch: pytest.MonkeyPatch, how: dict) -> None:
+    """``create("s3://bucket/ds", shard_size=...)`` builds the folder in TMPDIR, uploads every
+    shard and index.json last, and returns the dataset open from the store; it used to write a
+    local folder named ``s3:/bucket/ds`` in the working directory and upload nothing."""
+    monkeypatch.chdir(tmp_path)
+    src = _sources(tmp_path / "src")
+    url = _url("ds").rpartition("/")[0] + "/ds"  # s3://bucket/<uuid>/ds: a folder in the store
+    loc = Pub.create(tmp_path / "local.h5", src, n_workers=1, progress=False)
+    server.reset()
+    ds = Pub.create(url, src, n_workers=1, progress=False, **how)
+    try:
+        n = 3 if "shard_size" in how else 2
+        assert ds.upload.url == f"{url}/index.json" and len(ds.upload.uploads) == n + 1
+        assert ds.report.n_stored == loc.report.n_stored == 60
+        assert not (tmp_path / "s3:").exists(), "a local folder named after the URL"
+        assert not list(tmpdir_env.iterdir()), "the build folder was left in TMPDIR"
+        names = [f"shard-{k:05d}-of-{n:05d}.h5" for k in range(n)]
+        assert _keys(server, url) == sorted([*names, "index.json"])
+        puts = [r[1].rsplit("/", 1)[1] for r in server.requests if r[0] == "PUT" and _key(url) in r[1]]
+        assert puts == [*names, "index.json"], "index.json must go up last, after every shard it names"
+    finally:
+        ds.close()
+    for target in (f"{url}/index.json", f"{url}/"):
+        with h5s.open(target) as rem:
+            assert type(rem).__name__ == "ShardedDataset" and len(rem.files) == n
+            assert list(rem.ids) == list(loc.ids)
+            for name in ("nums", "gz", "label"):
+                for i in loc.ids:
+                    _same(getattr(rem, name)[i], getattr(loc, name)[i], f"{name}[{i}]")
+            spec = dict(n=h5s.Item("nums"), g=h5s.Item("gz"), y=h5s.Label("label"), i=h5s.Id())
+            a = list(loc.iter_batches(spec, 16, shuffle=True, seed=3))
+            b = list(rem.iter_batches(spec, 16, shuffle=True, seed=3))
+            assert len(a) == len(b) == 4
+            for x, y in zip(a, b):
+                assert sorted(x["i"]) == sorted(y["i"])  # the same items, each batch drawn over the shards
+    loc.close()
+
+
+def test_sharded_create_to_s3_replaces_only_with_mode_w(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
+    src = _sources(tmp_path / "src", n=30)
+    url = _url("ds").rpartition("/")[0] + "/ds"
+    Pub.create(url, src, shard_size=10, n_workers=1, progress=False).close()
+    server.reset()
+    with pytest.raises(TargetExistsError, match=rf"{url}/index\.json already exists: pass mode=\"w\""):
+        Pub.create(url, src, shard_size=10, n_workers=1, progress=False)
+    assert not [r for r in server.requests if r[0] in ("PUT", "POST", "DELETE")], "something was sent"
+    with pytest.raises(ValueError, match=r"s3://.*resume=True is not supported.*h5store push FOLDER"):
+        Pub.create(url, src, shard_size=10, resume=True, progress=False)
+    more = _sources(tmp_path / "more", n=20, seed=5)
+    with Pub.create(url, more, shard_size=10, n_workers=1, progress=False, mode="w") as ds:
+        assert len(ds) == 20
+    # the old dataset's three shards are gone, the new one's two and its manifest are there
+    assert _keys(server, url) == ["index.json", "shard-00000-of-00002.h5", "shard-00001-of-00002.h5"]
+    with h5s.open(f"{url}/index.json") as ds, Pub.create(tmp_path / "more.h5", more, n_workers=1,
+                                                         progress=False) as loc:
+        assert list(ds.ids) == list(loc.ids)
+        for i in loc.ids:
+            _same(ds.nums[i], loc.nums[i], f"nums[{i}]")
+    assert not list(tmpdir_env.iterdir())
+
+
+def test_a_failed_sharded_upload_keeps_the_build_for_push(server: S3Server, tmp_path: Path, tmpdir_env: Path,
+                                                          capsys: Any) -> None:
+    src = _sources(tmp_path / "src", n=12)
+    url = _url("ds").rpartition("/")[0] + "/ds"
+    server.fail_methods, server.fail_status, server.fail_count = ("PUT",), 403, 10_000
+    with pytest.raises(h5s.H5StoreError, match=r"sharded dataset \(shards and index\.json\) is kept at "
+                                               r".*h5store-unpublished-.*h5store push") as e:
+        Pub.create(url, src, shard_size=5, n_workers=1, progress=False)
+    server.fail_count = 0
+    assert not _keys(server, url), "something became visible"
+    kept = list(tmpdir_env.iterdir())
+    assert len(kept) == 1 and kept[0].is_dir() and kept[0].name.startswith("h5store-unpublished-")
+    assert f"h5store push {kept[0]} {url}`" in str(e.value)
+    cut = tmp_path / "cut"
+    shutil.copytree(kept[0], cut)
+    (cut / "shard-00001-of-00003.h5").unlink()
+    server.reset()
+    assert main(["push", str(cut), url]) == 1  # a folder missing a shard is refused, nothing sent
+    assert f"{cut}/shard-00001-of-00003.h5: missing" in capsys.readouterr().err
+    assert not [r for r in server.requests if r[0] in ("PUT", "POST")]
+    assert main(["push", str(kept[0]), url]) == 0  # what the message says to do
+    said = capsys.readouterr().out.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith(f"{url}/index.json: uploaded 3 shards, then the manifest"), said
+    with h5s.open(f"{url}/index.json") as ds, h5s.open(kept[0]) as loc:
+        assert list(ds.ids) == list(loc.ids) and len(ds) == 12
+
+
+def test_cli_sharded_create_to_s3(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
+    src = _sources(tmp_path / "src", n=9)
+    url = _url("ds").rpartition("/")[0] + "/ds"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    run = [sys.executable, "-m", "h5store.cli", "create", "tests.test_publish:Pub", url, str(src), "-j", "1", "-q",
+           "--shard-size", "4"]
+    out = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert f"{url}/index.json: uploaded 3 shards, then the manifest" in out.stdout, out.stdout
+    assert not (tmp_path / "s3:").exists()
+    with h5s.open(f"{url}/index.json") as f:
+        assert len(f) == 9 and len(f.files) == 3
+    again = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1
+    assert f"{url}/index.json already exists: pass --overwrite" in again.stderr, again.stderr
 
 
 # --------------------------------------------------------------------------- push

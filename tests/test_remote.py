@@ -168,8 +168,13 @@ def _same(a: Any, b: Any, what: str) -> None:
         for k, (x, y) in enumerate(zip(a, b)):
             _same(x, y, f"{what}[{k}]")
         return
-    if isinstance(a, (str, bytes, int, float)) or np.asarray(a).dtype.kind == "O":
-        assert type(a) is type(b) and (a == b if not isinstance(a, np.ndarray) else list(a) == list(b)), what
+    if isinstance(a, np.ndarray) and a.dtype.kind == "O":  # ids, texts, encoded bytes (B,) or (B, frames)
+        assert isinstance(b, np.ndarray) and b.dtype.kind == "O" and a.shape == b.shape, (what, a.shape)
+        for k, (x, y) in enumerate(zip(a.ravel().tolist(), b.ravel().tolist())):
+            _same(x, y, f"{what}.flat[{k}]")
+        return
+    if isinstance(a, (str, bytes, int, float)):
+        assert type(a) is type(b) and a == b, what
         return
     a, b = np.asarray(a), np.asarray(b)
     assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
@@ -335,6 +340,80 @@ def test_cli_info_and_report_take_urls(mixed: tuple[Path, str], server: S3Server
     assert url in page and "mixed.h5" in page
 
 
+# --------------------------------------------------------------------------- every getter
+class Media(h5s.TypedFile):
+    video = h5s.EncodedFrames()  # JPEG frames, "blobs" layout
+    image = h5s.EncodedImage()  # JPEG files of varied sizes
+    label = h5s.Scalar(dtype="int64")
+    wave = h5s.Array(dtype="float32", shape=(None, 4), chunk_rows=32)  # audio-ish, ragged
+
+
+def _jpeg(a: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def make_media(path: Path, n: int = 20) -> Path:
+    """``n`` items: a video of 2-9 real JPEG frames (24x32), a JPEG image of its own size, a
+    label, a ragged float array."""
+    rng = np.random.default_rng(5)
+    recs = []
+    for i in range(n):
+        frames = [_jpeg(rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)) for _ in range(int(rng.integers(2, 10)))]
+        h, w = int(rng.integers(16, 48)), int(rng.integers(16, 48))
+        recs.append((f"m{i:03d}", dict(video=frames, image=_jpeg(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)),
+                                       label=np.int64(i % 3),
+                                       wave=rng.standard_normal((int(rng.integers(5, 60)), 4)).astype("float32"))))
+    with Media(path, mode="w") as w:
+        w.extend(recs)
+    return path
+
+
+@pytest.fixture(scope="module")
+def media(s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    pytest.importorskip("PIL")
+    path = make_media(tmp_path_factory.mktemp("media") / "media.h5")
+    return path, upload(s3, path)
+
+
+GETTER_SPECS = {
+    "frames": dict(f=h5s.Frames("video", 2, hop=1), y=h5s.Label("label"), p=h5s.Position()),
+    "clips": dict(c=h5s.Clips("video", 3, per_item=2), y=h5s.Label("label"), p=h5s.Position(of="example")),
+    "clips_encoded": dict(c=h5s.Clips("video", 3, every=4, encoded=True), i=h5s.Id()),
+    "images": dict(e=h5s.Encoded("image"), x=h5s.ImageCrop("image", 12), y=h5s.Label("label"), p=h5s.Position()),
+    "items": dict(v=h5s.Item("video"), w=h5s.Window("wave", 8), vw=h5s.Window("video", 3), a=h5s.Item("wave")),
+}
+
+
+@pytest.mark.parametrize("how", ["numpy", "torch"])
+@pytest.mark.parametrize("which", sorted(GETTER_SPECS))
+def test_every_getter_equals_local(media: tuple[Path, str], server: S3Server, which: str, how: str) -> None:
+    """Each built-in getter over a video, an image, a label and an array feature: remote
+    batches equal local ones, value for value (shuffled, seeded, random crops and clips)."""
+    path, url = media
+    spec = GETTER_SPECS[which]
+    with h5s.open(path) as loc, h5s.open(url) as rem:
+        if how == "numpy":
+            a = list(loc.iter_batches(spec, 6, shuffle=True, seed=3))
+            server.reset()
+            b = list(rem.iter_batches(spec, 6, shuffle=True, seed=3))
+        else:
+            pytest.importorskip("torch")
+            a = list(loc.serve(spec, 6, shuffle=True, seed=3, num_workers=0))
+            server.reset()
+            b = list(rem.serve(spec, 6, shuffle=True, seed=3, num_workers=0))
+        if any(g.features for g in spec.values()):
+            assert server.gets(), "nothing was read from the server"
+    assert len(a) == len(b) >= 3
+    for k, (x, y) in enumerate(zip(a, b)):
+        _same(x, y, f"{which} batch {k}")
+
+
 # --------------------------------------------------------------------------- requests
 def test_few_requests_to_open_and_per_batch(tmp_path: Path, server: S3Server) -> None:
     class One(h5s.TypedFile):
@@ -365,6 +444,76 @@ def test_few_requests_to_open_and_per_batch(tmp_path: Path, server: S3Server) ->
         # Shuffled over 10 MB, items closer than 1 MiB share a GET: far fewer GETs than items.
         assert len(server.gets()) <= 4 * len(b), len(server.gets())
 
+
+def _groups(ranges: list[tuple[int, int]]) -> int:
+    """How many GETs ``RemoteObject._get`` makes of these byte ranges (those closer than COALESCE joined)."""
+    from h5store.objstore import COALESCE
+
+    n, end = 0, None
+    for a, z in sorted(ranges):
+        if end is None or a - end > COALESCE:
+            n += 1
+            end = z
+        else:
+            end = max(end, z)
+    return n
+
+
+def _in(header: str, spans: list[tuple[int, int]]) -> bool:
+    """Whether the GET of ``Range: header`` fetched one of ``spans`` (``[a, z)`` byte ranges)."""
+    a, _, z = header.removeprefix("bytes=").partition("-")
+    return any(int(a) <= s and e <= int(z) + 1 for s, e in spans)
+
+
+def test_a_batchs_gets_are_concurrent_and_one_set_per_feature(tmp_path: Path, server: S3Server) -> None:
+    """One batch of two features: each feature's ranges are coalesced into one set of GETs
+    (a count computed from the items' byte offsets, never one per item), and a set's GETs are
+    in flight at the same time (the server slowed to 0.2 s per GET, batches read one at a time)."""
+
+    class Two(h5s.TypedFile):
+        big = h5s.Array(dtype="float32", shape=(None, 1024))  # 512 KiB per item: a few items per MiB
+        small = h5s.Array(dtype="int16", shape=(None,))  # all items within one KiB
+
+    path = tmp_path / "two.h5"
+    rng = np.random.default_rng(0)
+    with Two(path, mode="w") as w:
+        w.extend([(f"u{i:03d}", dict(big=rng.standard_normal((128, 1024)).astype("float32"),
+                                     small=rng.integers(0, 99, int(rng.integers(5, 40))).astype("int16")))
+                  for i in range(32)])
+    with h5py.File(path, "r") as h:  # where each item's bytes lie in the file
+        def spans(name: str) -> list[tuple[int, int]]:
+            ds, index = h[f"{name}/data"], h[f"{name}/index"][()]
+            rb, rows = ds.dtype.itemsize * int(np.prod(ds.shape[1:])), ds.chunks[0]
+            out = []
+            for r0, r1 in index.tolist():
+                assert r0 // rows == (r1 - 1) // rows, "an item across chunks: the test's layout assumption"
+                at = ds.id.get_chunk_info_by_coord((r0 - r0 % rows,) + (0,) * (ds.ndim - 1)).byte_offset
+                out.append((at + (r0 % rows) * rb, at + (r1 - 1) % rows * rb + rb))
+            return out
+
+        where = {name: spans(name) for name in ("big", "small")}
+    url = upload(server, path)
+    spec = dict(b=h5s.Item("big"), s=h5s.Item("small"), p=h5s.Position())
+    overlapped = 0
+    with h5s.open(url) as f:
+        server.delay_s = 0.2
+        it = f.iter_batches(spec, 8, shuffle=True, seed=1, threads=0)  # one batch at a time, in this thread
+        next(it)  # the first batch also reads the index (once)
+        for k in range(1, 4):
+            server.reset()
+            batch = next(it)
+            gets = server.gets()
+            mine = {name: [(a, z) for a, z in (where[name][p] for p in batch["p"].tolist())] for name in where}
+            by = {name: [g for g in gets if _in(g[2], mine[name])] for name in where}
+            assert len(by["big"]) + len(by["small"]) == len(gets), (gets, mine)
+            assert len(by["small"]) == 1, f"batch {k}: {len(by['small'])} GETs for 8 items within 1 KiB: {gets}"
+            assert len(by["big"]) == _groups(mine["big"]), (k, gets, sorted(mine["big"]))
+            if len(by["big"]) > 1:
+                overlapped += 1
+                assert server.max_in_flight >= len(by["big"]), (
+                    f"batch {k}: its {len(by['big'])} GETs of one feature were not in flight together "
+                    f"(at most {server.max_in_flight} at once)")
+        assert overlapped, "no batch needed several GETs: the test proves nothing"
 
 # --------------------------------------------------------------------------- the cache folder
 def test_cache_serves_epoch_two_without_requests(mixed: tuple[Path, str], server: S3Server, tmp_path: Path) -> None:
@@ -406,6 +555,25 @@ def test_cache_refuses_a_damaged_entry_and_refetches(mixed: tuple[Path, str], se
     assert server.gets(), "damaged entries were served instead of fetched again"
 
 
+def _start_forked(procs: list[Any]) -> None:
+    """Start forked processes with this process's objects frozen out of the garbage collector.
+
+    Late in a test run this process holds millions of objects (TensorFlow, torch, earlier
+    tests); a forked child's first full collections walk them all and copy every page they
+    touch: measured, the fillers then spent 6-10+ s before their first request, and were
+    killed before they had filled anything. ``gc.freeze()`` (CPython's advice for forking
+    servers) leaves the inherited objects alone.
+    """
+    import gc
+
+    gc.freeze()
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        gc.unfreeze()
+
+
 def _fill(url: str, cache: str, env: dict[str, str]) -> None:
     os.environ.update(env)
     with h5s.open(url, cache_dir=cache, cache_bytes=1 << 30) as f:
@@ -423,8 +591,7 @@ def test_cache_survives_kills_and_concurrent_fills(mixed: tuple[Path, str], serv
     for round_ in range(3):  # two processes fill the same folder; both killed at an arbitrary moment
         register(url, cache_dir=cache, block_bytes=4 << 20)
         procs = [ctx.Process(target=_fill, args=(url, cache, server.env())) for _ in range(2)]
-        for p in procs:
-            p.start()
+        _start_forked(procs)
         time.sleep(0.4 + 0.3 * round_)
         for p in procs:
             os.kill(p.pid, signal.SIGKILL)
@@ -438,6 +605,88 @@ def test_cache_survives_kills_and_concurrent_fills(mixed: tuple[Path, str], serv
             _same(rem.gz[i], loc.gz[i], f"gz[{i}]")
 
 
+class Blocks(h5s.TypedFile):
+    x = h5s.Array(dtype="float32", shape=(None, 128))  # unfiltered: ranges of the file
+    gz = h5s.Array(dtype="float32", shape=(None, 16), compression="gzip", chunk_rows=256)  # compressed chunks
+
+
+def _fill_at_random(url: str, cache: str, env: dict[str, str], seed: int) -> None:
+    """A process filling the cache folder forever: 1 MiB blocks, a bound of a third of the
+    file (so blocks are evicted and fetched again, and writes never stop)."""
+    os.environ.update(env)
+    rng = np.random.default_rng(seed)
+    with h5s.open(url, cache_dir=cache, cache_bytes=3 << 20, block_bytes=1 << 20) as f:
+        n = len(f.ids)
+        while True:
+            for i in rng.permutation(n).tolist():
+                f.x[i]
+                f.gz[i]
+
+
+def test_cache_survives_kills_in_the_middle_of_fills(server: S3Server, tmp_path: Path) -> None:
+    """Three processes fill one cache folder (1 MiB blocks of an 8 MB file, a 3 MiB bound:
+    evictions keep the fills going; GETs slowed so that they fetch the same blocks at once);
+    each round SIGKILLs one of them the moment it sees that process's temporary file (a fill
+    being written), then the others at random moments (seeded). Afterwards every entry is
+    whole, at least one kill did leave a half-written temporary file, a fresh reader of the
+    folder reads every item equal to the local file, and the leftovers are removed once stale."""
+    from h5store.disk_cache import _HEADER, _STALE_TMP_S
+
+    rng = np.random.default_rng(16)
+    path = tmp_path / "blocks.h5"
+    with Blocks(path, mode="w") as w:
+        w.extend([(f"b{i:03d}", dict(x=rng.standard_normal((int(rng.integers(50, 200)), 128)).astype("float32"),
+                                     gz=rng.standard_normal((int(rng.integers(20, 80)), 16)).astype("float32")))
+                  for i in range(120)])
+    size = path.stat().st_size
+    assert size > 6 << 20, size
+    url = upload(server, path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    whole = {_HEADER.size + (1 << 20), _HEADER.size + size % (1 << 20)}  # a block's entry, and the last one's
+    ctx = mp.get_context("fork")
+    server.delay_s = 0.01
+    hunted = 0
+    for round_ in range(4):
+        procs = [ctx.Process(target=_fill_at_random, args=(url, str(cache), server.env(), 100 * round_ + k))
+                 for k in range(3)]
+        _start_forked(procs)
+        alive = {p.pid: p for p in procs}
+        time.sleep(float(rng.uniform(0.2, 0.8)))  # the fills under way (and the first ones done)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(alive) == len(procs):
+            for name in os.listdir(cache):  # a fill being written: "<entry>.blk.<pid>.<random>.tmp"
+                if name.endswith(".tmp") and int(name.split(".")[-3]) in alive:
+                    os.kill(int(name.split(".")[-3]), signal.SIGKILL)
+                    alive.pop(int(name.split(".")[-3]))
+                    hunted += 1
+                    break
+        for pid in list(alive):
+            time.sleep(float(rng.uniform(0, 0.05)))
+            os.kill(pid, signal.SIGKILL)
+        for p in procs:
+            p.join(10)
+            assert p.exitcode == -signal.SIGKILL, f"round {round_}: a filler ended by itself ({p.exitcode})"
+    server.delay_s = 0.0
+    assert hunted, "no fill was ever seen being written: the test proves nothing"
+    left = [e for e in cache.iterdir() if e.name.endswith(".tmp")]
+    torn = [e for e in left if e.stat().st_size not in whole]
+    assert torn, f"no kill landed in the middle of a write ({len(left)} whole temporary files left)"
+    entries = list(cache.glob("*.blk"))
+    assert entries
+    for e in entries:  # every entry under its final name is whole: never a half-written one
+        assert DiskCache(cache).get_path(e) is not None, f"{e} is damaged"
+    with h5s.open(path) as loc, h5s.open(url, cache_dir=str(cache), block_bytes=1 << 20) as rem:
+        for i in range(len(loc.ids)):
+            _same(rem.x[i], loc.x[i], f"x[{i}]")
+            _same(rem.gz[i], loc.gz[i], f"gz[{i}]")
+    assert all(e.exists() for e in torn), "a leftover was renamed into place"
+    old = time.time() - _STALE_TMP_S - 60
+    for e in left:
+        os.utime(e, (old, old))
+    DiskCache(cache, max_bytes=3 << 20).evict()  # a scan of the folder removes stale leftovers
+    assert not [e for e in cache.iterdir() if e.name.endswith(".tmp")]
+
 def test_cache_is_bounded(tmp_path: Path) -> None:
     c = DiskCache(tmp_path / "c", max_bytes=10_000)
     for k in range(50):
@@ -446,6 +695,61 @@ def test_cache_is_bounded(tmp_path: Path) -> None:
         assert c.total() <= 10_000 + 1100
     assert c.get("k49") is not None, "the newest entry was evicted"
     assert c.get("k0") is None, "the oldest entry was kept past the bound"
+
+
+# --------------------------------------------------------------------------- credentials from files
+def _aws_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: S3Server, profile: str,
+               select: bool) -> None:
+    """No AWS_* credential or endpoint variable; a credentials file and a config file that
+    define ``profile`` (keys; region and ``endpoint_url`` in its config section), selected by
+    AWS_PROFILE when ``select``."""
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE",
+              "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(k, raising=False)
+    creds, config = tmp_path / "credentials", tmp_path / "config"
+    creds.write_text(f"[{profile}]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    config.write_text(f"[profile {profile}]\nregion = us-east-1\nendpoint_url = {server.endpoint}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    if select:
+        monkeypatch.setenv("AWS_PROFILE", profile)
+
+
+def test_credentials_and_endpoint_from_a_profile_in_the_aws_files(mixed: tuple[Path, str], server: S3Server,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """botocore's standard places: AWS_PROFILE names a profile whose keys are in the shared
+    credentials file and whose ``endpoint_url`` is in the config file; no variable holds them."""
+    import botocore
+
+    if tuple(int(x) for x in botocore.__version__.split(".")[:2]) < (1, 31):
+        pytest.fail(f"botocore {botocore.__version__} reads no endpoint_url from a profile (1.31+ does)")
+    path, _ = mixed
+    url = upload(server, path)  # a URL no process has opened: its client is made in this environment
+    _aws_files(tmp_path, monkeypatch, server, "lab", select=True)
+    server.reset()
+    with h5s.open(path) as loc, h5s.open(url) as rem:
+        for i in (0, 33, 119):
+            _same(rem.mel[i], loc.mel[i], f"mel[{i}]")
+            _same(rem.gz[i], loc.gz[i], f"gz[{i}]")
+    assert server.gets(), "read from somewhere other than the profile's endpoint"
+
+
+def test_storage_options_profile_selects_a_profile(mixed: tuple[Path, str], server: S3Server,
+                                                   monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """storage_options={"profile": name} (s3fs's argument) picks a profile of the AWS files
+    that no variable selects; without it there are no credentials, and the error says so."""
+    path, _ = mixed
+    url = upload(server, path)
+    _aws_files(tmp_path, monkeypatch, server, "other", select=False)
+    with pytest.raises(RemoteDenied, match=r"no S3 credentials"):
+        h5s.open(url, storage_options={"endpoint_url": server.endpoint}, retries=1, retry_timeout=10)
+    server.reset()
+    with h5s.open(path) as loc, h5s.open(url, storage_options={"profile": "other"}) as rem:
+        _same(rem.lz.read_many([7, 0, 99]), loc.lz.read_many([7, 0, 99]), "lz")
+        _same(rem.text[5], loc.text[5], "text[5]")
+    assert server.gets()
 
 
 # --------------------------------------------------------------------------- faults
