@@ -404,31 +404,20 @@ class Column(ColumnWrites):
         return out
 
     def read_blobs(self, row: int, first: int, stop: int) -> list[np.ndarray]:
-        """Blobs ``first..stop-1`` of the item at ``row`` (only their bytes are read)."""
-        self.flush_pending()
-        self._missing(np.array([row]))
-        a, b = self.index[row]
-        n = b - a
-        if not (0 <= first <= stop <= n):
-            raise IndexError(f"{self.where}: blobs [{first}, {stop}) out of range for an item of {n}")
-        span = self.frames[a + first : a + stop]
-        if not len(span):
-            return []
-        self._check_contiguous(row, self.frames[a:b])
-        base = int(span[0, 0])
-        block = self.read_ranges(np.array([base]), np.array([span[-1, 1]]))[0]
-        if first == 0 and stop == n:
-            # The whole item: its CRC-32 can be checked (a part of it cannot).
-            self.verify(np.array([row]), [block])
-        return [block[s - base : e - base] for s, e in span.tolist()]
+        """Blobs ``first..stop-1`` of the item at ``row`` (only their bytes are read; a whole
+        item's CRC-32 is checked): :meth:`read_blob_spans` for one item."""
+        return self.read_blob_spans(np.array([row]), np.array([first]), np.array([stop]))[0]
 
-    def read_blob_spans(self, rows: np.ndarray, first: np.ndarray, stop: np.ndarray) -> list[list[np.ndarray]]:
+    def read_blob_spans(self, rows: np.ndarray, first: np.ndarray, stop: np.ndarray,
+                        verify: bool = True) -> list[list[np.ndarray]]:
         """Blobs ``first[j]..stop[j]-1`` of the item at ``rows[j]``, for a whole batch at once.
 
-        What :meth:`read_blobs` does for one item, planned for all of them: the spans' frames
-        gathered and checked with a few numpy calls, one planned read of every span's bytes
-        (neighbouring spans joined), and Python only to cut the blobs out. A reader thread
-        holds the GIL for microseconds per clip, not for a dozen numpy calls per clip.
+        Planned for all of them: the spans' frames gathered and checked (each span's blobs must
+        join: they are cut out of one read) with a few numpy calls, one planned read of every
+        span's bytes (neighbouring spans joined), and Python only to cut the blobs out. A reader
+        thread holds the GIL for microseconds per clip, not for a dozen numpy calls per clip.
+        With ``verify``, a span that is a whole item is checked against its CRC-32 (a part of
+        one cannot be); serving passes False and applies its own ``verify=`` policy.
         """
         rows = np.asarray(rows, dtype=np.int64)
         first = np.asarray(first, dtype=np.int64)
@@ -463,7 +452,7 @@ class Column(ColumnWrites):
         lo[has] = spans[(ends - count)[has], 0]
         hi[has] = spans[ends[has] - 1, 1]
         blocks = self.read_ranges(lo[has], hi[has])
-        whole = ((first == 0) & (stop == n))[has]
+        whole = ((first == 0) & (stop == n))[has] if verify else np.zeros(0, bool)
         if whole.any():  # whole items: their CRC-32 can be checked (a part of one cannot)
             self.verify(rows[has][whole], [b for b, w in zip(blocks, whole.tolist()) if w])
         out: list[list[np.ndarray]] = [[] for _ in range(len(rows))]

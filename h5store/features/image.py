@@ -374,7 +374,15 @@ class EncodedFrames(Feature):
             raise SchemaError(f"stored frame: not a decodable image ({e})") from None
 
     def decode_frames_into(self, blobs: Any, out: np.ndarray, min_size: tuple[int, int] | None = None) -> None:
-        """Decode a clip's stored frames into ``out[k]`` (a ``(K, H, W, C)`` slot of a batch; :func:`jpeg.decode_many`)."""
+        """Decode a clip's stored frames into ``out[k]`` (a ``(K, H, W, C)`` slot of a batch; :func:`jpeg.decode_many`).
+
+        A subclass that overrides :meth:`decode_into` (its own colour conversion, another
+        codec) has its frames decoded by it, one by one.
+        """
+        if type(self).decode_into is not EncodedFrames.decode_into:
+            for k, blob in enumerate(blobs):
+                self.decode_into(blob, out[k], min_size)
+            return
         try:
             jpeg.decode_many(blobs, out, min_size)
         except ValueError as e:

@@ -76,9 +76,10 @@ def test_a_clip_reads_only_its_frames(video_path: Path, monkeypatch: pytest.Monk
     spans: list[tuple[int, int]] = []
     real = Column.read_blob_spans
 
-    def spy(self: Column, rows: np.ndarray, first: np.ndarray, stop: np.ndarray) -> list[list[np.ndarray]]:
+    def spy(self: Column, rows: np.ndarray, first: np.ndarray, stop: np.ndarray,
+            verify: bool = True) -> list[list[np.ndarray]]:
         spans.extend(zip(np.asarray(first).tolist(), np.asarray(stop).tolist()))
-        return real(self, rows, first, stop)
+        return real(self, rows, first, stop, verify)
 
     def no_whole_items(self: Column, *args: object, **kwargs: object) -> None:
         raise AssertionError("a clip must not read whole videos")
@@ -122,3 +123,84 @@ def test_clips_served_by_two_workers(video_path: Path) -> None:
     np.testing.assert_array_equal(b["clip"].numpy(), again["clip"])
     del loader
     f.close()
+
+
+def test_batched_span_reads_equal_plain_h5py(video_path: Path) -> None:
+    """Column.read_blob_spans (the batched read behind every clip getter) against plain h5py:
+    random spans, empty ones, a span at an item's end, whole items, rows in any order."""
+    import h5py
+
+    with h5py.File(video_path, "r") as h:
+        data, frames, index = h["video/data"][()], h["video/frames"][()], h["video/index"][()]
+    f = Video(video_path)
+    col = f.video.column
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        rows = rng.integers(0, len(FRAMES), int(rng.integers(1, 9)))
+        n = np.array([FRAMES[r] for r in rows])
+        first = rng.integers(0, n + 1)
+        stop = np.minimum(n, first + rng.integers(0, 6, len(rows)))
+        whole = rng.random(len(rows)) < 0.2
+        first[whole], stop[whole] = 0, n[whole]
+        got = col.read_blob_spans(rows, first, stop)
+        for r, a, b, blobs in zip(rows.tolist(), first.tolist(), stop.tolist(), got):
+            want = [data[s:e].tobytes() for s, e in frames[index[r, 0] + a : index[r, 0] + b]]
+            assert [bytes(x) for x in blobs] == want
+            assert [bytes(x) for x in col.read_blobs(r, a, b)] == want
+    with pytest.raises(IndexError, match="out of range"):
+        col.read_blob_spans(np.array([0]), np.array([2]), np.array([FRAMES[0] + 1]))
+    f.close()
+
+
+def test_serving_checks_whole_clips_by_its_own_verify_policy(video_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole videos served as clips are checked once per loader (verify=True) or not at all
+    (verify=False), never again at every read by the column."""
+    from h5store.serving.files import FileSet
+
+    by_column: list[int] = []
+    by_loader: list[int] = []
+    real_column, real_loader = Column.verify, FileSet._check
+
+    def column_spy(self: Column, rows: np.ndarray, parts: list[np.ndarray]) -> None:
+        by_column.extend(np.asarray(rows).tolist())
+        real_column(self, rows, parts)
+
+    def loader_spy(self: FileSet, name: str, position: int, value: object) -> bool:
+        by_loader.append(position)
+        return real_loader(self, name, position, value)
+
+    monkeypatch.setattr(Column, "verify", column_spy)
+    monkeypatch.setattr(FileSet, "_check", loader_spy)
+    f = Video(video_path)
+    whole = dict(clip=h5s.Window("video", 4))  # video 3 has 4 frames: its clip is the whole item
+    FileDataset(f, whole, verify=False).fetch([3, 3, 3])
+    assert by_column == [] and by_loader == []
+    ds = FileDataset(f, whole)
+    for _ in range(3):
+        ds.fetch([3])
+    assert by_loader == [3] and by_column == []  # once, by the loader's check, not at each read
+    assert [bytes(b) for b in f.video.column.read_blobs(3, 0, 4)]  # a direct whole read: the column checks it
+    assert by_column == [3]
+    f.close()
+
+
+def test_a_subclass_decode_into_decodes_its_clips(video_path: Path) -> None:
+    """A feature that overrides decode_into (its own conversion) has its clips decoded by it."""
+
+    class Inverted(h5s.EncodedFrames):
+        def decode_into(self, blob, out, min_size=None):  # type: ignore[no-untyped-def]
+            super().decode_into(blob, out, min_size)
+            np.subtract(255, out, out=out)
+            return out
+
+    class InvertedVideo(h5s.TypedFile):
+        video = Inverted(quality=95)
+        label = h5s.Scalar(dtype="int64")
+
+    f = InvertedVideo(video_path)
+    g = Video(video_path)
+    a = FileDataset(f, dict(clip=h5s.Clips("video", 4, random=False))).fetch([0, 1])["clip"]
+    b = FileDataset(g, dict(clip=h5s.Clips("video", 4, random=False))).fetch([0, 1])["clip"]
+    np.testing.assert_array_equal(a, 255 - b)
+    f.close()
+    g.close()
