@@ -513,9 +513,9 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
     dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
                           verify=verify, transform=transform)
     own = kw.get("sampler") is not None or kw.get("batch_sampler") is not None
-    if own and (distributed or bucket or max_frames):
-        raise ValueError("serve: distributed=, bucket= and max_frames= make their own batch sampler; do not pass "
-                         "sampler/batch_sampler")
+    if own and (distributed or bucket or max_frames or by_shard):
+        raise ValueError("serve: distributed=, bucket=, max_frames= and by_shard= make their own batch sampler; do "
+                         "not pass sampler/batch_sampler")
     if max_frames is not None and batch_size is None:
         batch_size = 1  # sized by max_frames
     r, w = _rank_world(rank, world_size) if distributed else (0, 1)
@@ -524,8 +524,8 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
         kw["batch_sampler"] = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                                            bucket=bucket, rank=r, world_size=w, max_frames=max_frames, padded=padded,
                                            by_shard=by_shard)
-    elif distributed or bucket:
-        raise ValueError("serve: distributed= and bucket= need a batch_size")
+    elif distributed or bucket or by_shard:
+        raise ValueError("serve: distributed=, bucket= and by_shard= need a batch_size")
     else:  # the user's sampler, or unbatched examples: DataLoader's own rules
         kw.update(batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
     kw.setdefault("collate_fn", dataset.collate)
