@@ -168,7 +168,8 @@ def create(cls: type[TypedFile], path: str | os.PathLike[str], sources: Any, *, 
     path = os.fspath(path)
     if is_remote(path):  # built locally, then uploaded whole (h5store.publish)
         return create_remote(cls, path, lambda local: create(cls, local, sources, n_workers=n_workers, root=root,
-                                                             on_error=on_error, progress=progress),
+                                                             on_error=on_error, progress=progress,
+                                                             prepared=prepared),
                              mode=mode, resume=resume, storage_options=storage_options)
     if storage_options is not None:
         raise TypeError(f"{path}: storage_options apply to s3:// targets only")

@@ -173,6 +173,26 @@ def test_create_to_s3_equals_a_local_create(server: S3Server, tmp_path: Path, tm
         rem.close()
 
 
+def test_create_to_s3_keeps_the_given_prepared_features(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
+    """``prepared=`` (what a sharded create passes, learned over every shard's sources) reaches
+    the local build of a create onto s3://: a shard without a class still knows it."""
+    from h5store.ingest import plan_sources
+
+    src = _sources(tmp_path / "src", n=12)
+    (src / "bird").mkdir()
+    (src / "bird" / "100.txt").write_text("1.0 2.0")
+    _, root, prepared = plan_sources(Pub, src)
+    assert list(prepared["label"].classes) == ["bird", "cat", "dog"]
+    some = sorted(str(p) for p in src.glob("[cd]*/*.txt"))  # no bird among them
+    url = _url("pub.h5")
+    rem = Pub.create(url, some, n_workers=1, progress=False, root=root, prepared=prepared)
+    try:
+        assert rem.report.n_stored == 12
+        assert list(rem.file_schema.groups[""]["label"].classes) == ["bird", "cat", "dog"]
+    finally:
+        rem.close()
+
+
 def test_create_to_an_existing_object_needs_mode_w(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
     src = _sources(tmp_path / "src", n=12)
     url = _url()

@@ -89,6 +89,11 @@ class FileSet:
         self._shared: dict[tuple[int, str], SharedArray] = {}
         self._cols: dict[tuple[int, str], Column] = {}
         self._pid = os.getpid()
+        # (st_dev, st_ino) of each local file whose tables this FileSet read (None: not yet,
+        # or remote). A process that opens the path later and finds another file there (one
+        # moved to the path: a create(mode="w"), an atomic rename) raises instead of reading
+        # its bytes through these tables (and the shared "checked" flags of the old file).
+        self._ident: list[tuple[int, int] | None] = [None] * len(self.files)
         self.alloc = np.empty
 
     def __getstate__(self) -> dict[str, Any]:
@@ -186,6 +191,8 @@ class FileSet:
             self.feature(name)
             col = self.files[k].group(self.group).store.columns[name]
             shared = self._shared.get((k, name))
+            if shared is None:  # bytes read from the file: it must be the file of the tables
+                self._same_file(k, self.files[k])
             if shared is not None:
                 col.use_memory(shared.array)
             elif col.spec.layout == "fixed":
@@ -226,6 +233,7 @@ class FileSet:
         if origin is not None:
             self.feature(name)
             col = origin.group(self.group).store.columns[name]
+            self._same_file(k, origin)
         else:
             col = self.column(k, name)
         table = getattr(col, what)
@@ -236,6 +244,21 @@ class FileSet:
                 f"{n}: was another file moved to the path? Serve it again (a new loader)"
             )
         return table[:n]
+
+    def _same_file(self, k: int, f: Any) -> None:
+        """Note the identity of file ``k`` as ``f`` has it open, or raise if it differs from the noted one."""
+        ident = _identity(f)
+        if ident is None:
+            return
+        was = self._ident[k]
+        if was is None:
+            self._ident[k] = ident
+        elif ident != was:
+            raise CorruptRecordError(
+                f"{self.files[k].path}: another file was moved to the path (inode {ident[1]}, device {ident[0]}) "
+                f"since this loader read its tables (inode {was[1]}, device {was[0]}): its items would be read "
+                "through the old file's index. Serve it again (a new loader)"
+            )
 
     def pin(self, names: Sequence[str]) -> None:
         """Load the tables of ``names`` now, in this process (workers then never read them)."""
@@ -493,6 +516,16 @@ class FileSet:
                     f"(first: id {self.id(first)!r}); serve only items that have it, e.g. "
                     f"items=np.flatnonzero(f.{name}.present)"
                 )
+
+
+def _identity(f: Any) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the local file ``f`` has open in this process (None: remote, or no reader open)."""
+    h = getattr(f, "_handle", None)
+    fobj = getattr(h, "_reader_file", None)
+    if h is None or getattr(h, "remote", False) or fobj is None:
+        return None
+    st = os.fstat(fobj.fileno())
+    return st.st_dev, st.st_ino
 
 
 def _snapshot_here(f: Any) -> bool:

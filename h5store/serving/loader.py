@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
+import secrets
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,13 +41,14 @@ def _release(ring: np.ndarray, slot: int) -> None:
     ring[8 * (slot + 1) : 8 * (slot + 2)].view(np.int64)[0] = 0
 
 
-# The rings this (main) process has mapped, by (worker pid, ring number): a ring travels
+# The rings this (main) process has mapped, by (worker pid, random token): a ring travels
 # once; later batches name it. Sending the shared block with every batch cost a descriptor
 # transfer (a socket connect + recvmsg to the worker's resource sharer) and a fresh mapping,
 # faulted in again, per batch. Each ring is kept with its numpy view (``Tensor.numpy()``
-# costs ~1 us a call, several per batch).
+# costs ~1 us a call, several per batch). The token is drawn per ring, never a counter:
+# forked workers would inherit the same counter, and a later worker given a dead one's pid
+# would then name the dead worker's ring.
 _RINGS: dict[tuple[int, int], tuple[torch.Tensor, np.ndarray]] = {}
-_SERIAL = itertools.count()
 _DTYPES: dict[str, np.dtype] = {}
 
 
@@ -59,14 +60,21 @@ def _dtype(code: str) -> np.dtype:
 
 
 
+def _ring_token() -> int:
+    """A ring's token: random, so no two processes (forked from one parent) draw the same."""
+    return secrets.randbits(63)
+
+
 def _adopt(key: tuple[int, int], ring: torch.Tensor) -> tuple[torch.Tensor, np.ndarray]:
     """Keep ``ring`` mapped here under ``key`` (and tell its worker so: header word 0); drop
-    the rings of exited workers and the replaced rings of this one."""
+    the rings of exited workers and the other rings of this pid: the replaced rings of this
+    worker (its batches arrive in order: none of them follows), or of an exited worker whose
+    pid it was given."""
     known = _RINGS.get(key)
     if known is not None:
         return known
-    pid, serial = key
-    for old in [k for k in _RINGS if (k[0] == pid and k[1] < serial) or not pid_alive(k[0])]:
+    pid = key[0]
+    for old in [k for k in _RINGS if k[0] == pid or not pid_alive(k[0])]:
         del _RINGS[old]
     entry = _RINGS[key] = (ring, ring.numpy())
     entry[1][:8].view(np.int64)[0] = 1
@@ -172,7 +180,7 @@ class _Ring:
     def __init__(self, slots: int, slot_bytes: int) -> None:
         self.slots = slots
         self.slot_bytes = slot_bytes
-        self.key = (os.getpid(), next(_SERIAL))
+        self.key = (os.getpid(), _ring_token())
         self.header = -(-8 * (slots + 1) // _PAGE) * _PAGE
         total = self.header + slots * slot_bytes
         storage = torch.UntypedStorage._new_shared(total)
@@ -513,9 +521,9 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
     dataset = FileDataset(file, batch, params=params, seed=seed, mask=mask, in_memory=in_memory, items=items,
                           verify=verify, transform=transform)
     own = kw.get("sampler") is not None or kw.get("batch_sampler") is not None
-    if own and (distributed or bucket or max_frames):
-        raise ValueError("serve: distributed=, bucket= and max_frames= make their own batch sampler; do not pass "
-                         "sampler/batch_sampler")
+    if own and (distributed or bucket or max_frames or by_shard):
+        raise ValueError("serve: distributed=, bucket=, max_frames= and by_shard= make their own batch sampler; do "
+                         "not pass sampler/batch_sampler")
     if max_frames is not None and batch_size is None:
         batch_size = 1  # sized by max_frames
     r, w = _rank_world(rank, world_size) if distributed else (0, 1)
@@ -524,8 +532,8 @@ def serve(file: Any, batch: Mapping[str, Getter], batch_size: int | None = 1, *,
         kw["batch_sampler"] = make_sampler(dataset, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
                                            bucket=bucket, rank=r, world_size=w, max_frames=max_frames, padded=padded,
                                            by_shard=by_shard)
-    elif distributed or bucket:
-        raise ValueError("serve: distributed= and bucket= need a batch_size")
+    elif distributed or bucket or by_shard:
+        raise ValueError("serve: distributed=, bucket= and by_shard= need a batch_size")
     else:  # the user's sampler, or unbatched examples: DataLoader's own rules
         kw.update(batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
     kw.setdefault("collate_fn", dataset.collate)

@@ -319,7 +319,8 @@ class ShardBatchSampler(_EpochBatches):
     among the ranks), ``drop_last=False`` pads each smaller share by repeating its own
     first examples (of this epoch's order) up to the largest share, ``drop_last=True``
     cuts each share to the smallest one, so an epoch leaves some examples unserved; the
-    last incomplete batch is dropped as usual. Needs at least as many shards as ranks.
+    last incomplete batch is dropped as usual. Needs at least as many non-empty shards as
+    ranks (empty shards are dealt to nobody).
 
     Parameters
     ----------
@@ -342,14 +343,18 @@ class ShardBatchSampler(_EpochBatches):
             raise ValueError(f"batch_size must be > 0, got {batch_size}")
         shard_of = np.asarray(shard_of, dtype=_I64)
         sizes = np.bincount(shard_of) if shard_of.size else np.zeros(0, dtype=_I64)
-        if len(sizes) < world_size:
-            raise ValueError(f"by_shard: {len(sizes)} shards for {world_size} ranks; every rank needs a shard of "
-                             "its own (make more, smaller shards: shard_size=), or serve without by_shard")
+        # Only non-empty shards are dealt: an empty shard would leave its rank no examples
+        # (zero steps while the others run theirs: a DDP hang, or an empty epoch with drop_last).
+        full = int(np.count_nonzero(sizes))
+        if full < world_size:
+            raise ValueError(f"by_shard: {full} non-empty shards (of {len(sizes)}) for {world_size} ranks; every "
+                             "rank needs a non-empty shard of its own (make more, smaller shards: shard_size=), "
+                             "or serve without by_shard")
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
-        owner = np.zeros(len(sizes), dtype=_I64)
+        owner = np.full(len(sizes), -1, dtype=_I64)  # -1: empty, nobody's
         load = np.zeros(world_size, dtype=_I64)
-        for k in np.argsort(-sizes, kind="stable").tolist():
+        for k in np.argsort(-sizes, kind="stable")[:full].tolist():
             r = int(np.argmin(load))
             owner[k] = r
             load[r] += sizes[k]

@@ -275,3 +275,17 @@ def test_concat_allows_storage_differences(tmp_path):
     b = next(iter(both.iter_batches(dict(x=h5s.Item("mel"), id=h5s.Id()), 10)))
     assert [i.rpartition("::")[2] for i in b["id"]] == [f"u{i}" for i in range(5)] * 2
     assert b["x_lengths"].tolist() == [3, 4, 5, 6, 7] * 2
+
+
+def test_by_shard_is_refused_where_serve_makes_no_batch_sampler(shard_paths):
+    torch = pytest.importorskip("torch")
+    shards = h5s.concat(shard_paths)
+    with pytest.raises(ValueError, match=r"by_shard= make their own batch sampler; do not pass sampler"):
+        shards.serve(dict(x=h5s.Item("mel")), batch_size=4, by_shard=True,
+                     sampler=torch.utils.data.SequentialSampler(range(len(shards))))
+    with pytest.raises(ValueError, match=r"by_shard= make their own batch sampler; do not pass sampler"):
+        shards.serve(dict(x=h5s.Item("mel")), batch_size=None, by_shard=True,
+                     batch_sampler=torch.utils.data.BatchSampler(range(len(shards)), 4, False))
+    with pytest.raises(ValueError, match=r"by_shard= need a batch_size"):
+        shards.serve(dict(x=h5s.Item("mel")), batch_size=None, by_shard=True)
+    assert len(shards.serve(dict(x=h5s.Item("mel")), batch_size=4, by_shard=True)) == 6  # 23 items, one rank

@@ -372,3 +372,37 @@ def test_a_ring_travels_once() -> None:
     with pytest.raises(RuntimeError, match="never received"):
         rebuild(None, (key[0], key[1] + 1000), *args[2:])
     loader_mod._RINGS.pop(key, None)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_ring_keys_never_repeat_across_forked_workers() -> None:
+    # Workers forked from one parent inherit its state: a ring numbered from an inherited
+    # counter would get the same key part in each; a later worker given a dead worker's
+    # pid would then name (and be served) the dead worker's ring.
+    def child_key() -> tuple[int, int]:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.write(w, pickle.dumps(loader_mod._Ring(1, 4096).key))
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            key = pickle.loads(f.read())
+        os.waitpid(pid, 0)
+        return key
+
+    a, b = child_key(), child_key()
+    assert a[1] != b[1], (a, b)
+    # A new ring under a pid drops that pid's other rings (a replaced ring, or a dead worker's).
+    ring = torch.zeros(4096, dtype=torch.uint8).share_memory_()
+    pid = os.getpid()
+    try:
+        loader_mod._adopt((pid, a[1]), ring)
+        loader_mod._adopt((pid, b[1]), ring)
+        assert (pid, a[1]) not in loader_mod._RINGS and (pid, b[1]) in loader_mod._RINGS
+    finally:
+        loader_mod._RINGS.pop((pid, a[1]), None)
+        loader_mod._RINGS.pop((pid, b[1]), None)

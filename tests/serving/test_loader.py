@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -181,3 +182,30 @@ def test_file_dataset_in_a_plain_dataloader(speech: Speech) -> None:
             seen.append(p)
             np.testing.assert_array_equal(b["x"][j, : b["x_lengths"][j]].numpy(), mel[p])
     assert sorted(seen) == list(range(N))
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_a_file_moved_to_the_path_between_epochs_is_refused(speech_path: Path, tmp_path: Path, many: bool) -> None:
+    # Non-persistent workers reopen the path every epoch; the tables (and the shared
+    # "checked" flags) are the old file's: another file there must raise, not serve its
+    # bytes through the old index.
+    from tests.serving.schemas import make_speech
+
+    path = tmp_path / "speech.h5"
+    shutil.copy(speech_path, path)
+    paths = [path]
+    if many:  # a concat: the second of two files is replaced
+        paths.insert(0, tmp_path / "first.h5")
+        make_speech(paths[0], 6, seed=4)
+    make_speech(tmp_path / "other.h5", N + 5, seed=7)  # same schema, more items
+    src = Speech(path) if not many else h5s.concat(paths)
+    loader = src.serve(dict(x=h5s.Item("mel"), y=h5s.Label("label")), batch_size=8, num_workers=2,
+                       multiprocessing_context="fork", persistent_workers=False)
+    one = [b["x"].numpy().copy() for b in loader]
+    two = [b["x"].numpy().copy() for b in loader]  # the same, unchanged file reopened: served as before
+    assert len(one) == len(two) and all(np.array_equal(a, b) for a, b in zip(one, two))
+    os.replace(tmp_path / "other.h5", path)
+    with pytest.raises(h5s.errors.CorruptRecordError, match="another file was moved to the path"):
+        list(loader)
+    if not many:
+        src.close()

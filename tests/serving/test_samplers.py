@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from h5store.serving import BatchSampler, BucketBatchSampler, EpochIndices
+from h5store.serving import BatchSampler, BucketBatchSampler, EpochIndices, ShardBatchSampler
 
 
 def _flat(batches: list[list[int]]) -> list[int]:
@@ -104,3 +104,31 @@ def test_bucketing_across_ranks(drop_last: bool) -> None:
         assert len(set(union)) == len(union)
     else:
         assert set(union) == set(range(100))
+
+
+@pytest.mark.parametrize("sizes", [[0, 0, 0, 0, 0, 2, 3, 0, 2], [4, 0, 1, 0, 0, 3, 0, 2, 5, 0], [0, 3, 3, 3, 0]])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shard_sampler_deals_only_non_empty_shards(sizes: list[int], world_size: int, drop_last: bool) -> None:
+    # Empty shards (ids absent from shard_of) among non-empty ones: every rank gets a
+    # non-empty shard, the same number of steps as the others, and those steps hold data.
+    shard_of = np.repeat(np.arange(len(sizes)), sizes)
+    per_rank, steps = [], []
+    for rank in range(world_size):
+        s = ShardBatchSampler(shard_of, 2, shuffle=True, drop_last=drop_last, seed=3, rank=rank,
+                              world_size=world_size)
+        assert s.shards and all(sizes[k] for k in s.shards), s.shards
+        batches = [b.tolist() for b in s.batches(0)]
+        assert len(batches) == len(s) > 0
+        steps.append(len(s))
+        per_rank.append(_flat(batches))
+    assert len(set(steps)) == 1, steps
+    if not drop_last:
+        assert set(_flat(per_rank)) == set(range(len(shard_of)))  # every example served
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_shard_sampler_refuses_fewer_non_empty_shards_than_ranks(drop_last: bool) -> None:
+    for rank in range(3):
+        with pytest.raises(ValueError, match=r"2 non-empty shards \(of 6\) for 3 ranks"):
+            ShardBatchSampler([0, 0, 0, 0, 0, 5], 2, drop_last=drop_last, rank=rank, world_size=3)
