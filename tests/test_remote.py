@@ -870,3 +870,41 @@ def test_untrusted_remote_open_checks_the_file(mixed: tuple[Path, str], server: 
     path, url = mixed
     with pytest.warns(H5StoreSecurityWarning), h5s.open(url, untrusted=True) as rem, h5s.open(path) as loc:
         _same(rem.gz[7], loc.gz[7], "gz[7]")
+
+
+class _Big(h5s.TypedFile):
+    x = h5s.Array(dtype="float32", shape=(None, 256), chunk_rows=64)
+
+
+def test_an_overwritten_object_is_refused_never_mixed_into_the_cache(server: S3Server, tmp_path: Path) -> None:
+    """A reader that opened ETag E1 never reads (nor caches under E1) the bytes of an object
+    put at the same URL since: every GET requires E1 (If-Match) and a 412 says to reopen."""
+    def big(name: str, seed: int) -> Path:  # past RemoteFile's 1 MiB metadata block: later items are cache misses
+        rng = np.random.default_rng(seed)
+        with _Big(tmp_path / name, mode="w") as w:
+            w.extend([(f"u{i:02d}", dict(x=rng.standard_normal((100, 256)).astype("float32"))) for i in range(40)])
+        return tmp_path / name
+
+    path, new = big("big.h5", 0), big("new.h5", 1)
+    old = path.read_bytes()
+    assert new.stat().st_size == len(old) and new.read_bytes() != old  # the same size, another ETag
+    url = upload(server, path)
+    cache, B = tmp_path / "cache", 4096
+    with h5s.open(url, cache_dir=str(cache), block_bytes=B) as rem:
+        rem.x.read_many(list(range(3)))  # one batch: its blocks cached under E1
+        etag = register(url, cache_dir=str(cache), block_bytes=B).etag
+        bucket, key = url[5:].split("/", 1)
+        server.put(bucket, key, str(new))  # h5store push --overwrite, as the store sees it
+        assert rem.changed()
+        with pytest.raises(RemoteError, match=r"s3://.*changed since it was opened \(ETag .*\): reopen it"):
+            rem.x.read_many(list(range(30, 40)))  # cache misses
+    dc = DiskCache(str(cache))
+    held = 0
+    for b in range(-(-len(old) // B)):
+        got = dc.get(f"{url}|{etag}|{B}|{b}")
+        if got is not None:
+            held += 1
+            assert got == old[b * B : (b + 1) * B], f"block {b} under the old ETag holds other bytes"
+    assert held, "nothing was cached: the test proves nothing"
+    with h5s.open(url, cache_dir=str(cache), block_bytes=B) as rem, h5s.open(new) as loc:  # reopened: the new one
+        _same(rem.x.read_many([30, 39]), loc.x.read_many([30, 39]), "after the reopen")
