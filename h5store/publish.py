@@ -33,9 +33,11 @@ import base64
 import concurrent.futures
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -374,15 +376,65 @@ def push(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, dee
 
 
 # --------------------------------------------------------------------------- create
+def _host_tag() -> str:
+    """This machine's name as it goes into build folders' names (no ``-``: the next field is the pid)."""
+    return "".join(c if c.isalnum() or c == "." else "_" for c in socket.gethostname()) or "host"
+
+
+_LOCK_NAME = ".h5store-build.lock"
+
+
 def _clean_stale(folder: str) -> None:
-    """Remove the build folders of publishing processes that died (killed mid-create)."""
+    """Remove the build folders of publishing processes that died (killed mid-create).
+
+    TMPDIR may be shared by several machines (a Dask cluster's shared filesystem): a folder
+    is removed only when its name carries this machine's name *and* nobody holds the
+    ``flock`` that its create takes for its whole life. The lock (released by the kernel
+    however the process ended) is the proof of death; a pid's absence from ``/proc`` is
+    not (another PID namespace, a container, shows other pids). The host name guards a
+    filesystem whose locks are not seen across machines. A folder whose lock file is not
+    there yet (a create between making it and locking it) counts as alive while its pid is.
+    """
+    mine = f"{_TMP_PREFIX}{_host_tag()}-"
     with contextlib.suppress(OSError):
         for name in os.listdir(folder):
-            if not name.startswith(_TMP_PREFIX):
+            if not name.startswith(mine):
+                continue  # another machine's, or an older h5store's: never removed here
+            path = os.path.join(folder, name)
+            pid = name[len(mine):].partition("-")[0]
+            try:
+                fd = os.open(os.path.join(path, _LOCK_NAME), os.O_RDWR)
+            except FileNotFoundError:
+                if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+                    shutil.rmtree(path, ignore_errors=True)
                 continue
-            pid = name[len(_TMP_PREFIX):].partition("-")[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: a create is running
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)
+
+
+def _build_folder(tmp: str) -> tuple[str, int]:
+    """A fresh build folder in ``tmp`` (dead creates' folders removed first) and the fd of the
+    lock that marks it in use: hold it until the folder is removed, then close it."""
+    _clean_stale(tmp)
+    folder = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{_host_tag()}-{os.getpid()}-", dir=tmp)
+    part = os.path.join(folder, _LOCK_NAME + ".new")
+    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.replace(part, os.path.join(folder, _LOCK_NAME))  # seen by cleaners only once held
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, fd
 
 
 def _keep_build(local: str, tmp: str, url: str, e: BaseException) -> None:
@@ -449,8 +501,7 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
     obj = _remote(url, storage_options, 120.0, 4)
     _target(url, mode == "w", obj, 'mode="w"')  # before the build: a refusal costs nothing
     tmp = tempfile.gettempdir()
-    _clean_stale(tmp)
-    folder = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=tmp)
+    folder, lock = _build_folder(tmp)
     try:
         local = os.path.join(folder, os.path.basename(obj.key))
         try:
@@ -469,6 +520,7 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
             raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock)
     out = cls(url, mode="r", **({"storage_options": storage_options} if storage_options else {}))
     out.report = report  # type: ignore[attr-defined]
     out.upload = done  # type: ignore[attr-defined]

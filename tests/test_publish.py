@@ -47,6 +47,7 @@ from tests.test_remote import _same
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "h5store-publish"
+_HOST = "".join(c if c.isalnum() or c == "." else "_" for c in __import__("socket").gethostname())  # as publish names it
 MiB = 1 << 20
 
 
@@ -208,12 +209,38 @@ def test_a_failed_create_removes_its_build_folder(server: S3Server, tmp_path: Pa
         Pub.create(url, src, n_workers=1, progress=False, on_error="raise")
     assert not list(tmpdir_env.iterdir())
     assert not [r for r in server.requests if r[0] in ("PUT", "POST")]
-    stale = tmpdir_env / "h5store-publish-999999999-abc"  # left by a killed create (no such pid)
+    stale = tmpdir_env / f"h5store-publish-{_HOST}-999999999-abc"  # left by a killed create (no such pid)
     stale.mkdir()
     (stale / "x.h5").write_bytes(b"half")
     (src / "cat" / "bad.txt").unlink()
     Pub.create(url, src, n_workers=1, progress=False).close()
     assert not list(tmpdir_env.iterdir()), "a dead create's build folder was kept"
+
+
+def test_a_create_keeps_other_hosts_and_live_builds_in_a_shared_tmpdir(server: S3Server, tmp_path: Path,
+                                                                       tmpdir_env: Path) -> None:
+    """TMPDIR on a filesystem shared by machines: another host's build folder (its pid means
+    nothing here) and a build whose lock is held (a live create, whatever its pid says) are
+    never removed; a dead build of this host (its lock free) is."""
+    import fcntl
+
+    src = _sources(tmp_path / "src", n=4)
+    other = tmpdir_env / "h5store-publish-otherhost-999999999-abc"
+    legacy = tmpdir_env / "h5store-publish-999999997-abc"  # no host in the name: whose pid is that?
+    live = tmpdir_env / f"h5store-publish-{_HOST}-999999999-live"
+    dead = tmpdir_env / f"h5store-publish-{_HOST}-999999998-dead"
+    for d in (other, legacy, live, dead):
+        d.mkdir()
+        (d / "x.h5").write_bytes(b"building")
+        (d / ".h5store-build.lock").write_bytes(b"")
+    fd = os.open(live / ".h5store-build.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held by a create (here: this test) in another PID namespace
+    try:
+        Pub.create(_url(), src, n_workers=1, progress=False).close()
+        assert sorted(p.name for p in tmpdir_env.iterdir()) == sorted([other.name, legacy.name, live.name])
+        assert (other / "x.h5").read_bytes() == (live / "x.h5").read_bytes() == b"building"
+    finally:
+        os.close(fd)
 
 
 def test_a_failed_upload_keeps_the_built_file_for_push(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
