@@ -168,8 +168,12 @@ def _target(url: str, overwrite: bool, obj: RemoteObject, how: str = "overwrite=
         err.filename = url
         raise err from None
     if not overwrite:
-        raise TargetExistsError(f"{url} already exists: pass {how} to replace it (readers see the old object until "
-                                "the new one is whole)")
+        raise _exists(url, how)
+
+
+def _exists(url: str, how: str, when: str = "already exists") -> TargetExistsError:
+    return TargetExistsError(f"{url} {when}: pass {how} to replace it (readers see the old object until the new "
+                             "one is whole)")
 
 
 # --------------------------------------------------------------------------- the upload
@@ -192,13 +196,18 @@ def _md5(data: bytes) -> tuple[bytes, str]:
 
 
 async def _send(fs: Any, bucket: str, key: str, fd: int, size: int, part_bytes: int,
-                concurrency: int) -> tuple[str, int]:
-    """Upload the file open as ``fd``; the ETag it must get and the number of parts."""
+                concurrency: int, if_absent: bool = False) -> tuple[str, int]:
+    """Upload the file open as ``fd``; the ETag it must get and the number of parts. With
+    ``if_absent``, the store is asked to refuse it if an object is at the key by then
+    (``If-None-Match: *`` on the put or the multipart completion)."""
     loop = asyncio.get_running_loop()
+    cond = {"IfNoneMatch": "*"} if if_absent else {}
     if size <= part_bytes:
         body = await loop.run_in_executor(None, os.pread, fd, size, 0)
+        if len(body) != size:
+            raise OSError(f"read {len(body)} of {size} bytes: the file shrank while it was uploaded")
         d, b64 = _md5(body)
-        await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=body, ContentMD5=b64)
+        await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=body, ContentMD5=b64, **cond)
         return d.hex(), 1
     n = -(-size // part_bytes)
     digests: list[bytes] = [b""] * n
@@ -230,7 +239,8 @@ async def _send(fs: Any, bucket: str, key: str, fd: int, size: int, part_bytes: 
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         await fs._call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
-                          MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": etags[i]} for i in range(n)]})
+                          MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": etags[i]} for i in range(n)]},
+                          **cond)
     except BaseException:
         # Failed, or cancelled (an interrupt): nothing becomes visible, nothing is left billed.
         with contextlib.suppress(Exception):
@@ -253,7 +263,9 @@ def _upload_failed(url: str, e: BaseException) -> RemoteError:
     return err
 
 
-def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int) -> Upload:
+def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int, if_absent: bool = False) -> Upload:
+    """Upload ``path`` to ``obj``; with ``if_absent``, refused (:class:`TargetExistsError`,
+    nothing replaced) when an object appeared at the key since it was checked."""
     url = obj.url
     if part_bytes < MIN_PART_BYTES:
         raise ValueError(f"part_bytes={part_bytes}: S3 parts are at least {MIN_PART_BYTES} bytes (5 MiB)")
@@ -267,8 +279,10 @@ def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int) -> 
             part_bytes = -(-size // MAX_PARTS)
         fs = obj.store()
         try:
-            want, parts = _run(fs, _send(fs, obj.bucket, obj.key, fd, size, part_bytes, concurrency))
+            want, parts = _run(fs, _send(fs, obj.bucket, obj.key, fd, size, part_bytes, concurrency, if_absent))
         except Exception as e:  # noqa: BLE001 - botocore's, aiohttp's and s3fs's errors, mapped
+            if if_absent and (isinstance(e, FileExistsError) or RemoteObject._precondition_failed(e)):
+                raise _exists(url, "overwrite=True", "appeared while this upload ran; it is unchanged") from None
             raise _upload_failed(url, e) from None
     finally:
         os.close(fd)
@@ -303,7 +317,7 @@ def upload(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, p
     path = os.fspath(path)
     obj = _remote(url, storage_options, timeout, retries)
     _target(url, overwrite, obj)
-    return _upload(path, obj, part_bytes, concurrency)
+    return _upload(path, obj, part_bytes, concurrency, if_absent=not overwrite)
 
 
 _CLIENTS: dict[tuple[int, str, float, int], Any] = {}  # (pid, options, timeout, retries) -> s3fs client
@@ -372,7 +386,7 @@ def push(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, dee
     obj = _remote(url, storage_options, timeout, retries)
     _check_local(path, deep)
     _target(url, overwrite, obj)
-    return _upload(path, obj, part_bytes, concurrency)
+    return _upload(path, obj, part_bytes, concurrency, if_absent=not overwrite)
 
 
 # --------------------------------------------------------------------------- create
@@ -514,7 +528,10 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
         report = getattr(built, "report", None)
         built.close()
         try:
-            done = _upload(local, obj, part_bytes, 4)
+            # Again now, after a build of maybe hours: an object published meanwhile is not
+            # replaced (and the store itself refuses, with If-None-Match, one put in between).
+            _target(url, mode == "w", obj, 'mode="w"')
+            done = _upload(local, obj, part_bytes, 4, if_absent=mode != "w")
         except BaseException as e:
             _keep_build(local, tmp, url, e)  # hours of create are not lost to a network error
             raise

@@ -509,7 +509,7 @@ def _send_sharded(folder: str, manifest_path: str, manifest: dict[str, Any], url
         uploads.append(publish._upload(os.path.join(folder, e["file"]), shard, part_bytes, concurrency))
     # Last: every shard it names is there. (S3 is strongly consistent: a reader that sees the
     # manifest sees the shards.)
-    uploads.append(publish._upload(manifest_path, mobj, part_bytes, concurrency))
+    uploads.append(publish._upload(manifest_path, mobj, part_bytes, concurrency, if_absent=not overwrite))
     names = {e["file"] for e in manifest["shards"]}
     for name in sorted(old - names):  # the replaced dataset's shards that the new one does not name
         if name.startswith("shard-") and "/" not in name and "\\" not in name:

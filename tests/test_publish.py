@@ -191,6 +191,49 @@ def test_create_to_an_existing_object_needs_mode_w(server: S3Server, tmp_path: P
     assert not list(tmpdir_env.iterdir())
 
 
+def test_an_object_published_during_the_build_is_not_overwritten(server: S3Server, tmp_path: Path,
+                                                                  tmpdir_env: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exists check runs again after the build: an object put at the URL while the file
+    was built is left alone, the create refuses, and the build is kept for ``push``."""
+    import h5store.ingest as ingest
+
+    src = _sources(tmp_path / "src", n=6)
+    url = _url()
+    real = ingest.create_remote
+
+    def racing(cls: Any, url_: str, build: Any, **kw: Any) -> Any:
+        def build_then_someone_publishes(local: str) -> Any:
+            out = build(local)
+            _client(server).put_object(Bucket=BUCKET, Key=_key(url_), Body=b"theirs")
+            return out
+        return real(cls, url_, build_then_someone_publishes, **kw)
+
+    monkeypatch.setattr(ingest, "create_remote", racing)
+    with pytest.raises(TargetExistsError, match=rf"{re.escape(url)} already exists: pass mode=\"w\".*kept at") as e:
+        Pub.create(url, src, n_workers=1, progress=False)
+    assert _object(server, url) == b"theirs"
+    kept = list(tmpdir_env.iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith("h5store-unpublished-") and str(kept[0]) in str(e.value)
+    with Pub(kept[0]) as f:
+        assert len(f) == 6
+
+
+@pytest.mark.parametrize("size", [1000, 6 * MiB])  # one PutObject; a multipart upload
+def test_an_upload_that_must_not_replace_is_refused_by_the_store(server: S3Server, tmp_path: Path, size: int) -> None:
+    """Between the last exists check and the put, the store itself refuses (If-None-Match: *)."""
+    from h5store.publish import MIN_PART_BYTES, _remote, _upload
+
+    url = _url()
+    _client(server).put_object(Bucket=BUCKET, Key=_key(url), Body=b"theirs")
+    f = tmp_path / "f.bin"
+    f.write_bytes(os.urandom(size))
+    with pytest.raises(TargetExistsError, match=rf"{re.escape(url)} appeared while this upload ran"):
+        _upload(str(f), _remote(url, None, 30.0, 1), MIN_PART_BYTES, 2, if_absent=True)
+    assert _object(server, url) == b"theirs"
+    assert not _pending(server, url)
+
+
 def test_create_to_s3_refuses_append_and_resume(server: S3Server, tmp_path: Path) -> None:
     src = _sources(tmp_path / "src", n=3)
     with pytest.raises(ReadOnlyError, match=r"s3://.*mode=\"a\" is not supported.*h5store push"):
@@ -671,3 +714,22 @@ def test_other_file_space_layouts_read_equal(outside: ProcessS3Server, tmp_path:
                 _same(getattr(loc, name)[i], getattr(base, name)[i], f"local {name}[{i}]")
                 _same(getattr(rem, name)[i], getattr(base, name)[i], f"remote {name}[{i}]")
         assert rem.verify() and loc.verify()
+
+
+def test_a_file_that_shrank_before_its_single_put_is_not_sent(server: S3Server, tmp_path: Path) -> None:
+    """The size stat'ed, then the file truncated before its one PutObject read it: refused, as
+    a multipart upload's short part is, and nothing is put."""
+    from h5store.publish import PART_BYTES, _remote, _run, _send
+
+    url = _url()
+    f = tmp_path / "f.bin"
+    f.write_bytes(os.urandom(1000))
+    obj = _remote(url, None, 30.0, 1)
+    fs = obj.store()
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="read 1000 of 1500 bytes: the file shrank"):
+            _run(fs, _send(fs, obj.bucket, obj.key, fd, 1500, PART_BYTES, 1))  # 1500: its size at the stat
+    finally:
+        os.close(fd)
+    assert not [r for r in server.requests if r[0] == "PUT"]
