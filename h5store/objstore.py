@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -136,6 +137,7 @@ class RemoteObject:
         self._match: str | None = None  # the ETag every GET requires (If-Match); None: the store gave none
         self._cache = DiskCache(self.cache_dir, self.cache_bytes) if self.cache_dir else None
         self._lock = threading.Lock()
+        _live.add(self)
         self.requests = 0  # GET requests this process asked for (coalesced ranges count once)
 
     def options(self) -> dict[str, Any]:
@@ -390,6 +392,19 @@ class RemoteObject:
 
 _OBJECTS: dict[str, RemoteObject] = {}
 _OBJECTS_LOCK = threading.Lock()
+_live: weakref.WeakSet[RemoteObject] = weakref.WeakSet()  # every RemoteObject of this process
+
+
+def _locks_anew_in_child() -> None:
+    """A forked child's locks made anew: a parent thread that held one at the fork does not
+    exist here to release it (a DataLoader worker forked while the parent opened or read)."""
+    global _OBJECTS_LOCK
+    _OBJECTS_LOCK = threading.Lock()
+    for obj in list(_live):
+        obj._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_locks_anew_in_child)
 
 
 def register(url: str, **options: Any) -> RemoteObject:

@@ -908,3 +908,78 @@ def test_an_overwritten_object_is_refused_never_mixed_into_the_cache(server: S3S
     assert held, "nothing was cached: the test proves nothing"
     with h5s.open(url, cache_dir=str(cache), block_bytes=B) as rem, h5s.open(new) as loc:  # reopened: the new one
         _same(rem.x.read_many([30, 39]), loc.x.read_many([30, 39]), "after the reopen")
+
+
+# --------------------------------------------------------------------------- fork while a thread is inside
+def _in_forked_child(check: Any) -> str:
+    """``repr(check())`` computed in a forked child (or the error it raised)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            out = repr(check())
+        except BaseException as e:  # noqa: BLE001
+            out = f"error {e!r}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    got = b""
+    while chunk := os.read(r, 4096):
+        got += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got.decode()
+
+
+def _while_a_thread_holds(enter: Any, check: Any) -> str:
+    """Fork while another thread is inside the context manager ``enter()``; the child's ``check()``."""
+    import threading
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with enter():
+            inside.set()
+            leave.wait()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert inside.wait(30)
+        return _in_forked_child(check)
+    finally:
+        leave.set()
+        t.join()
+
+
+def test_a_worker_forked_during_a_paused_collection_has_the_collector_on() -> None:
+    import gc
+
+    from h5store.fileobj import _collector_paused
+
+    assert gc.isenabled()
+    assert _while_a_thread_holds(_collector_paused, gc.isenabled) == "True"
+    assert gc.isenabled()
+
+
+def test_a_worker_forked_while_a_parent_thread_holds_a_lock_can_take_it(mixed: tuple[Path, str],
+                                                                        server: S3Server) -> None:
+    """The registry's, a RemoteObject's and a chunk reader's locks: held by a parent thread at
+    the fork, each is free in the child (one second to take it; it used to hang forever)."""
+    import h5store.objstore as objstore
+
+    _, url = mixed
+    obj = register(url)
+    with h5s.open(url) as rem:
+        rem.gz[0]
+        readers = [r for r in _chunk_readers(rem)]
+    assert readers, "no RemoteChunkReader: the test proves nothing"
+    r = readers[0]
+    for lock_of in (lambda: objstore._OBJECTS_LOCK, lambda: obj._lock, lambda: r._plock, lambda: r._lock):
+        assert _while_a_thread_holds(lock_of, lambda lock_of=lock_of: lock_of().acquire(timeout=1)) == "True"
+
+
+def _chunk_readers(f: Any) -> list[Any]:
+    import gc
+
+    return [o for o in gc.get_objects() if type(o) is RemoteChunkReader]
