@@ -135,7 +135,7 @@ class RemoteObject:
         self._pid = -1
         self._head: tuple[int, str] | None = None
         self._match: str | None = None  # the ETag every GET requires (If-Match); None: the store gave none
-        self._cache = DiskCache(self.cache_dir, self.cache_bytes) if self.cache_dir else None
+        self._cache = DiskCache(self.cache_dir, self.cache_bytes, self.block_bytes) if self.cache_dir else None
         self._lock = threading.Lock()
         _live.add(self)
         self.requests = 0  # GET requests this process asked for (coalesced ranges count once)

@@ -983,3 +983,28 @@ def _chunk_readers(f: Any) -> list[Any]:
     import gc
 
     return [o for o in gc.get_objects() if type(o) is RemoteChunkReader]
+
+
+# --------------------------------------------------------------------------- the cache folder's bookkeeping
+def test_cache_remembers_a_bounded_number_of_checked_entries(tmp_path: Path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), max_bytes=100 * 120, block_bytes=100)
+    for i in range(2000):  # far more distinct blocks than the folder holds
+        cache.put(str(i), bytes([i % 251]) * 100)
+        assert cache.read_range(str(i), 10, 5) == bytes([i % 251]) * 5
+    assert len(cache._checked) <= 100 * 120 // 100 + 1
+    assert len(cache._touched) <= 100 * 120 // 100 + 1
+
+
+def test_cache_evicts_the_least_recently_read_not_the_first_filled(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    cache = DiskCache(str(folder), max_bytes=300, block_bytes=100)  # entries of 100 + a 20-byte header
+    cache.touch_every_s = 0.0  # every hit refreshes (the default: at most once per 10 s per entry)
+    cache.put("a", b"a" * 100)
+    cache.put("b", b"b" * 100)
+    assert cache.read_range("a", 0, 10) == b"a" * 10  # checked whole once: from now on the fast pread
+    os.utime(cache.path_of("a"), (1000, 1000))  # a filled first ...
+    os.utime(cache.path_of("b"), (2000, 2000))
+    assert cache.read_range("a", 5, 10) == b"a" * 10  # ... but read again since: b is the older
+    cache.put("c", b"c" * 100)  # past the bound: one entry goes
+    assert cache.get("a") == b"a" * 100
+    assert cache.get("b") is None
