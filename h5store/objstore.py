@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from h5store.disk_cache import DiskCache
-from h5store.errors import RemoteDenied, RemoteError, RemoteNotFound
+from h5store.errors import MissingExtra, RemoteDenied, RemoteError, RemoteNotFound
 
 __all__ = ["REMOTE_SCHEMES", "RemoteObject", "is_remote", "register", "remote_object", "replaced", "split_url"]
 
@@ -168,7 +168,7 @@ class RemoteObject:
         try:
             import s3fs
         except ImportError:
-            raise ImportError(f"{self.url}: reading s3:// files needs s3fs: pip install 'h5store[s3]'") from None
+            raise MissingExtra(f"{self.url}: s3:// files need s3fs, not installed: pip install 'h5store[s3]'") from None
         opts = dict(self.storage_options)
         config = dict(opts.pop("config_kwargs", {}))
         config.setdefault("connect_timeout", max(1.0, self.timeout / 4))

@@ -733,3 +733,18 @@ def test_a_file_that_shrank_before_its_single_put_is_not_sent(server: S3Server, 
     finally:
         os.close(fd)
     assert not [r for r in server.requests if r[0] == "PUT"]
+
+
+@pytest.mark.parametrize("argv", [["info", "s3://{b}/x.h5"], ["push", "{f}", "s3://{b}/x.h5"]])
+def test_cli_without_s3fs_says_which_extra_to_install(server: S3Server, tmp_path: Path, argv: list[str]) -> None:
+    f = tmp_path / "f.h5"
+    with Pub.create(f, _sources(tmp_path / "src", n=3), n_workers=1, progress=False):
+        pass
+    args = [a.format(b=BUCKET, f=f) for a in argv]
+    code = ("import sys; sys.modules['s3fs'] = None  # import s3fs raises ImportError\n"
+            f"from h5store.cli import main; sys.exit(main({args!r}))")
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert got.returncode != 0
+    assert "Traceback" not in got.stderr, got.stderr
+    lines = got.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'h5store[s3]'" in lines[0] and "s3://" in lines[0], got.stderr
