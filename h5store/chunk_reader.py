@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -81,6 +82,17 @@ def _decode_pool(size: int) -> ThreadPoolExecutor:
         return pool
 
 
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()  # every ChunkReader of this process
+
+
+def _locks_anew_in_child() -> None:
+    for r in list(_live):
+        r._after_fork()
+
+
+os.register_at_fork(after_in_child=_locks_anew_in_child)
+
 class ChunkReader(PerProcessFile, ReaderBase):
     """Reads filtered chunked data (gzip, lzf, zstd, blosc, shuffle, fletcher32) itself, never past a chunk's size.
 
@@ -131,6 +143,7 @@ class ChunkReader(PerProcessFile, ReaderBase):
         self.cache_chunks = max(1, cache_bytes // max(self.chunk_bytes, 1))
         self._cache: OrderedDict[tuple[int, int], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        _live.add(self)
         self._fd: int | None = None
         self._pid = -1
         self.ds = ds if via_hdf5 else None
@@ -215,6 +228,13 @@ class ChunkReader(PerProcessFile, ReaderBase):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        _live.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: locks anew (a parent thread may have held one at the fork, and
+        it does not exist here to release it); the cache, maybe mid-update then, emptied."""
+        self._lock = threading.Lock()
+        self._cache = OrderedDict()
 
     def _raw(self, c: int, cell: int) -> tuple[bytes, int] | None:
         """The stored bytes of chunk ``(c, cell)`` and its filter mask; None when unallocated."""

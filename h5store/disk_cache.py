@@ -8,7 +8,7 @@ later eviction. Each entry carries its length and CRC-32; one that does not matc
 disk, a truncated copy) is deleted and fetched again, never served. The folder is bounded
 (``max_bytes``): when a process's fills pass a tenth of the bound since its last look, it
 scans the folder and removes the least recently used entries (hits refresh an entry's
-modification time) down to 90% of the bound.
+modification time, at most every 10 s per entry and process) down to 90% of the bound.
 
 Examples
 --------
@@ -46,6 +46,9 @@ class DiskCache:
         The cache directory (created if absent); share it between processes on one machine.
     max_bytes : int
         The bound on the entries' total size.
+    block_bytes : int
+        The usual entry size: this process remembers the entries it checked for at most
+        ``max_bytes // block_bytes`` of them (as many as the folder holds).
 
     Examples
     --------
@@ -56,7 +59,9 @@ class DiskCache:
     True
     """
 
-    def __init__(self, folder: str | os.PathLike[str], max_bytes: int = 20 << 30) -> None:
+    touch_every_s = 10.0  # a hit read by pread refreshes its entry's mtime at most this often
+
+    def __init__(self, folder: str | os.PathLike[str], max_bytes: int = 20 << 30, block_bytes: int = 4 << 20) -> None:
         if max_bytes < 1:
             raise ValueError(f"cache max_bytes must be >= 1, got {max_bytes}")
         self.folder = os.fspath(folder)
@@ -64,6 +69,8 @@ class DiskCache:
         os.makedirs(self.folder, exist_ok=True)
         self._since_scan = 0
         self._checked: dict[str, tuple[int, int, int]] = {}  # entry -> (inode, size, pid) checked whole
+        self._touched: dict[str, float] = {}  # entry -> when this process last refreshed its mtime
+        self._max_checked = max(64, self.max_bytes // max(1, int(block_bytes)) + 1)
 
     def read_range(self, key: str, offset: int, n: int) -> bytes | None:
         """Bytes ``[offset, offset + n)`` of the entry's payload; None when absent or bad.
@@ -80,10 +87,19 @@ class DiskCache:
         try:
             st = os.fstat(fd)
             seen = self._checked.get(p)
+            now = time.monotonic()
             if seen != (st.st_ino, st.st_size, os.getpid()):
-                if self.get_path(p) is None:
+                if self.get_path(p) is None:  # checked whole; its mtime refreshed
                     return None
+                if len(self._checked) >= self._max_checked:  # bounded: more than the folder holds
+                    self._checked.clear()
+                    self._touched.clear()
                 self._checked[p] = (st.st_ino, st.st_size, os.getpid())
+                self._touched[p] = now
+            elif now - self._touched.get(p, -1e18) >= self.touch_every_s:
+                with contextlib.suppress(OSError):
+                    os.utime(fd)  # recently used: evicted last (least recently used, not first filled)
+                self._touched[p] = now
             if offset + n > st.st_size - _HEADER.size:
                 return None
             data = os.pread(fd, n, _HEADER.size + offset)

@@ -17,6 +17,7 @@ __all__ = [
     "H5StoreError",
     "JournalError",
     "LockedError",
+    "MissingExtra",
     "NotFound",
     "ReadOnlyError",
     "RemoteDenied",
@@ -108,6 +109,10 @@ class WriteError(H5StoreError, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)  # the whole sentence; OSError's "[Errno 28] ..." form hides it
+
+
+class MissingExtra(H5StoreError, ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
 
 
 class TargetExistsError(H5StoreError, FileExistsError):

@@ -126,13 +126,32 @@ def _collector_paused() -> Iterator[None]:
     the parent read remotely in threads hung this way). Only one thread holds h5py's lock,
     so only one is ever here; the collector's state is restored on the way out.
     """
+    global _paused
     was = gc.isenabled()
     gc.disable()
+    _paused = _paused or was
     try:
         yield
     finally:
         if was:
+            _paused = False
             gc.enable()
+
+
+_paused = False  # the collector is disabled by _collector_paused (and is to be enabled again)
+
+
+def _enable_collector_in_child() -> None:
+    # A process forked while another thread was inside _collector_paused (a DataLoader
+    # worker forked during a remote read) inherits the collector disabled, and that thread,
+    # which would enable it again, does not exist in the child.
+    global _paused
+    if _paused:
+        _paused = False
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_enable_collector_in_child)
 
 
 class RemoteFile(_Positioned):

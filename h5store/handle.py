@@ -317,7 +317,8 @@ class FileHandle:
         object: its ETag.
         """
         if self.remote:
-            return ("remote", register(self.path, **self.remote_options).head(refresh=True)[1])
+            # A HEAD of its own: the shared object keeps the version the open handles read.
+            return ("remote", register(self.path, **self.remote_options).head_now()[1])
         return commit_token_of(self.path, os.stat(self.path))
 
     def _inode_token(self, fd: int) -> tuple[Any, ...]:

@@ -2,10 +2,13 @@
 
 An h5store file needs few, large reads: its metadata once at open, then one coalesced set of
 byte ranges per feature and batch. :meth:`RemoteObject.read` takes a batch's ranges, joins
-those closer than ``COALESCE`` bytes into one range, and fetches them all at once with
-s3fs's ``cat_ranges`` (concurrent requests on fsspec's event loop, the calling thread
-waiting with the GIL released); each answer is checked to be exactly the bytes asked for,
-so nothing partial is ever returned.
+those closer than ``COALESCE`` bytes into one range, and fetches them all at once (concurrent
+GETs through s3fs's client on fsspec's event loop, the calling thread waiting with the GIL
+released); each answer is checked to be exactly the bytes asked for, so nothing partial is
+ever returned. Every GET requires the ETag the object was opened with (``If-Match``): an
+object replaced since (``h5store push --overwrite``) answers 412, raised as a
+:class:`~h5store.errors.RemoteError` that says to reopen, and none of its bytes are returned
+or cached.
 
 Why s3fs and not obstore: obstore answered a batch 3x faster against the local server, but
 its Rust (tokio) runtime does not survive ``fork()``: a forked DataLoader worker of a parent
@@ -37,13 +40,14 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from h5store.disk_cache import DiskCache
-from h5store.errors import RemoteDenied, RemoteError, RemoteNotFound
+from h5store.errors import MissingExtra, RemoteDenied, RemoteError, RemoteNotFound
 
 __all__ = ["REMOTE_SCHEMES", "RemoteObject", "is_remote", "register", "remote_object", "replaced", "split_url"]
 
@@ -130,8 +134,10 @@ class RemoteObject:
         self._store: Any = None
         self._pid = -1
         self._head: tuple[int, str] | None = None
-        self._cache = DiskCache(self.cache_dir, self.cache_bytes) if self.cache_dir else None
+        self._match: str | None = None  # the ETag every GET requires (If-Match); None: the store gave none
+        self._cache = DiskCache(self.cache_dir, self.cache_bytes, self.block_bytes) if self.cache_dir else None
         self._lock = threading.Lock()
+        _live.add(self)
         self.requests = 0  # GET requests this process asked for (coalesced ranges count once)
 
     def options(self) -> dict[str, Any]:
@@ -162,7 +168,7 @@ class RemoteObject:
         try:
             import s3fs
         except ImportError:
-            raise ImportError(f"{self.url}: reading s3:// files needs s3fs: pip install 'h5store[s3]'") from None
+            raise MissingExtra(f"{self.url}: s3:// files need s3fs, not installed: pip install 'h5store[s3]'") from None
         opts = dict(self.storage_options)
         config = dict(opts.pop("config_kwargs", {}))
         config.setdefault("connect_timeout", max(1.0, self.timeout / 4))
@@ -210,13 +216,19 @@ class RemoteObject:
         except Exception as e:  # noqa: BLE001 - botocore's, aiohttp's and fsspec's errors, mapped
             raise self._failed(e) from None
 
-    def _head_now(self) -> tuple[int, str]:
+    def _head_now(self) -> tuple[int, str, str | None]:
         fs = self.store()
         meta = self._call(fs._info, f"{self.bucket}/{self.key}")
         if meta.get("type") == "directory":
             raise self._failed(FileNotFoundError(self.url))
         etag = meta.get("ETag") or meta.get("VersionId") or str(meta.get("LastModified"))
-        return int(meta["size"]), str(etag).strip('"')
+        match = meta.get("ETag")
+        return int(meta["size"]), str(etag).strip('"'), None if not match else str(match)
+
+    def head_now(self) -> tuple[int, str]:
+        """``(size, etag)`` of the object now: one HEAD, and what this object reads unchanged
+        (a handle's check for a new version must not move the reads of the version it opened)."""
+        return self._head_now()[:2]
 
     def head(self, refresh: bool = False) -> tuple[int, str]:
         """``(size, etag)``: one HEAD request (again with ``refresh``).
@@ -225,8 +237,20 @@ class RemoteObject:
         (with a warm cache folder, a forked DataLoader worker then makes no request at all).
         """
         if self._head is None or refresh:
-            self._head = self._head_now()
+            size, etag, match = self._head_now()
+            self._head, self._match = (size, etag), match
         return self._head
+
+    def _changed(self, etag: str) -> RemoteError:
+        """The store refused a GET that required ``etag`` (HTTP 412): the object was replaced.
+        This object forgets that version, so that the next open reads the new one."""
+        with self._lock:
+            if self._head is not None and self._head[1] == etag:
+                self._head = self._match = None
+        err = RemoteError(None, f"{self.url}: the object changed since it was opened (ETag {etag}): reopen it; "
+                          "nothing of the new object was returned or cached")
+        err.filename = self.url
+        return err
 
     @property
     def size(self) -> int:
@@ -237,9 +261,36 @@ class RemoteObject:
         return self.head()[1]
 
     # -- reads -----------------------------------------------------------------
-    def _get(self, starts: Sequence[int], ends: Sequence[int], coalesce: int = COALESCE) -> list[Any]:
+    async def _fetch(self, spans: list[tuple[int, int]], match: str | None) -> list[Any]:
+        """GET each ``[a, z)`` at once, each requiring the ETag ``match`` (If-Match): the
+        bytes, or the exception of the span that failed."""
+        import asyncio
+
+        fs = self.store()
+
+        async def one(a: int, z: int) -> bytes:
+            cond = {"IfMatch": match} if match else {}
+            resp = await fs._call_s3("get_object", Bucket=self.bucket, Key=self.key, Range=f"bytes={a}-{z - 1}", **cond)
+            try:
+                return await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+
+        return await asyncio.gather(*(one(a, z) for a, z in spans), return_exceptions=True)
+
+    @staticmethod
+    def _precondition_failed(e: BaseException) -> bool:
+        cause = e.__cause__ if e.__cause__ is not None else e
+        resp = getattr(cause, "response", None) or {}
+        code = str(resp.get("Error", {}).get("Code", ""))
+        status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code in ("PreconditionFailed", "412") or status == 412
+
+    def _get(self, starts: Sequence[int], ends: Sequence[int], coalesce: int = COALESCE,
+             etag: str | None = None) -> list[Any]:
         """The exact bytes of each ``[starts[j], ends[j])``: ranges closer than ``coalesce``
-        joined, all fetched at once, each answer checked."""
+        joined, all fetched at once, each answer checked. Every GET requires the ETag this
+        object opened (``etag``): a replaced object raises, never mixes in new bytes."""
         if not len(starts):
             return []
         order = sorted(range(len(starts)), key=lambda j: starts[j])
@@ -252,11 +303,15 @@ class RemoteObject:
                 g.append(j)
             else:
                 groups.append([a, z, j])
-        fs = self.store()
-        path = f"{self.bucket}/{self.key}"
-        got = self._call(fs._cat_ranges, [path] * len(groups), [g[0] for g in groups], [g[1] for g in groups])
+        if etag is None:
+            etag = self.etag
+        match = self._match if self._head is not None and self._head[1] == etag else None
+        got = self._call(self._fetch, [(g[0], g[1]) for g in groups], match)
         self.requests += len(groups)
         out: list[Any] = [b""] * len(starts)
+        for data in got:
+            if isinstance(data, BaseException) and self._precondition_failed(data):
+                raise self._changed(etag)
         for g, data in zip(groups, got):
             if isinstance(data, BaseException):
                 raise self._failed(data)
@@ -278,23 +333,22 @@ class RemoteObject:
         """
         starts = np.asarray(starts, np.int64)
         ends = np.asarray(ends, np.int64)
-        size = self.size
+        size, etag = self.head()  # once: the cache key and the GETs' If-Match are the same version
         if len(ends) and int(ends.max()) > size:
             err = RemoteError(None, f"{self.url}: read of bytes up to {int(ends.max())} past the end of the "
                               f"object ({size} bytes): the object is truncated or was replaced")
             err.filename = self.url
             raise err
         if self._cache is None:
-            return self._get(starts.tolist(), ends.tolist())
-        return self._read_blocks(starts, ends, size)
+            return self._get(starts.tolist(), ends.tolist(), etag=etag)
+        return self._read_blocks(starts, ends, size, etag)
 
-    def _read_blocks(self, starts: np.ndarray, ends: np.ndarray, size: int) -> list[Any]:
+    def _read_blocks(self, starts: np.ndarray, ends: np.ndarray, size: int, etag: str) -> list[Any]:
         """Ranges through the cache folder: each from its cached block(s) with one ``pread``;
         the blocks not cached fetched at once (adjacent ones in one GET) and stored."""
         B = self.block_bytes
         cache = self._cache
         assert cache is not None
-        etag = self.etag
         key = f"{self.url}|{etag}|{B}|"
         out: list[Any] = [b""] * len(starts)
         todo: list[int] = []
@@ -319,7 +373,8 @@ class RemoteObject:
             else:
                 missing.append(b)
         if missing:
-            got = self._get([b * B for b in missing], [min(size, (b + 1) * B) for b in missing], coalesce=0)
+            got = self._get([b * B for b in missing], [min(size, (b + 1) * B) for b in missing], coalesce=0,
+                            etag=etag)
             for b, data in zip(missing, got):
                 cache.put(key + str(b), data)
                 blocks[b] = data
@@ -337,6 +392,19 @@ class RemoteObject:
 
 _OBJECTS: dict[str, RemoteObject] = {}
 _OBJECTS_LOCK = threading.Lock()
+_live: weakref.WeakSet[RemoteObject] = weakref.WeakSet()  # every RemoteObject of this process
+
+
+def _locks_anew_in_child() -> None:
+    """A forked child's locks made anew: a parent thread that held one at the fork does not
+    exist here to release it (a DataLoader worker forked while the parent opened or read)."""
+    global _OBJECTS_LOCK
+    _OBJECTS_LOCK = threading.Lock()
+    for obj in list(_live):
+        obj._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_locks_anew_in_child)
 
 
 def register(url: str, **options: Any) -> RemoteObject:
@@ -378,4 +446,4 @@ def replaced(url: str) -> None:
     with _OBJECTS_LOCK:
         obj = _OBJECTS.get(url)
         if obj is not None:
-            obj._head = None
+            obj._head = obj._match = None

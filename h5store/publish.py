@@ -33,9 +33,11 @@ import base64
 import concurrent.futures
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -166,8 +168,12 @@ def _target(url: str, overwrite: bool, obj: RemoteObject, how: str = "overwrite=
         err.filename = url
         raise err from None
     if not overwrite:
-        raise TargetExistsError(f"{url} already exists: pass {how} to replace it (readers see the old object until "
-                                "the new one is whole)")
+        raise _exists(url, how)
+
+
+def _exists(url: str, how: str, when: str = "already exists") -> TargetExistsError:
+    return TargetExistsError(f"{url} {when}: pass {how} to replace it (readers see the old object until the new "
+                             "one is whole)")
 
 
 # --------------------------------------------------------------------------- the upload
@@ -190,13 +196,18 @@ def _md5(data: bytes) -> tuple[bytes, str]:
 
 
 async def _send(fs: Any, bucket: str, key: str, fd: int, size: int, part_bytes: int,
-                concurrency: int) -> tuple[str, int]:
-    """Upload the file open as ``fd``; the ETag it must get and the number of parts."""
+                concurrency: int, if_absent: bool = False) -> tuple[str, int]:
+    """Upload the file open as ``fd``; the ETag it must get and the number of parts. With
+    ``if_absent``, the store is asked to refuse it if an object is at the key by then
+    (``If-None-Match: *`` on the put or the multipart completion)."""
     loop = asyncio.get_running_loop()
+    cond = {"IfNoneMatch": "*"} if if_absent else {}
     if size <= part_bytes:
         body = await loop.run_in_executor(None, os.pread, fd, size, 0)
+        if len(body) != size:
+            raise OSError(f"read {len(body)} of {size} bytes: the file shrank while it was uploaded")
         d, b64 = _md5(body)
-        await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=body, ContentMD5=b64)
+        await fs._call_s3("put_object", Bucket=bucket, Key=key, Body=body, ContentMD5=b64, **cond)
         return d.hex(), 1
     n = -(-size // part_bytes)
     digests: list[bytes] = [b""] * n
@@ -228,7 +239,8 @@ async def _send(fs: Any, bucket: str, key: str, fd: int, size: int, part_bytes: 
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         await fs._call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
-                          MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": etags[i]} for i in range(n)]})
+                          MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": etags[i]} for i in range(n)]},
+                          **cond)
     except BaseException:
         # Failed, or cancelled (an interrupt): nothing becomes visible, nothing is left billed.
         with contextlib.suppress(Exception):
@@ -251,7 +263,9 @@ def _upload_failed(url: str, e: BaseException) -> RemoteError:
     return err
 
 
-def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int) -> Upload:
+def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int, if_absent: bool = False) -> Upload:
+    """Upload ``path`` to ``obj``; with ``if_absent``, refused (:class:`TargetExistsError`,
+    nothing replaced) when an object appeared at the key since it was checked."""
     url = obj.url
     if part_bytes < MIN_PART_BYTES:
         raise ValueError(f"part_bytes={part_bytes}: S3 parts are at least {MIN_PART_BYTES} bytes (5 MiB)")
@@ -265,8 +279,10 @@ def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int) -> 
             part_bytes = -(-size // MAX_PARTS)
         fs = obj.store()
         try:
-            want, parts = _run(fs, _send(fs, obj.bucket, obj.key, fd, size, part_bytes, concurrency))
+            want, parts = _run(fs, _send(fs, obj.bucket, obj.key, fd, size, part_bytes, concurrency, if_absent))
         except Exception as e:  # noqa: BLE001 - botocore's, aiohttp's and s3fs's errors, mapped
+            if if_absent and (isinstance(e, FileExistsError) or RemoteObject._precondition_failed(e)):
+                raise _exists(url, "overwrite=True", "appeared while this upload ran; it is unchanged") from None
             raise _upload_failed(url, e) from None
     finally:
         os.close(fd)
@@ -301,7 +317,7 @@ def upload(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, p
     path = os.fspath(path)
     obj = _remote(url, storage_options, timeout, retries)
     _target(url, overwrite, obj)
-    return _upload(path, obj, part_bytes, concurrency)
+    return _upload(path, obj, part_bytes, concurrency, if_absent=not overwrite)
 
 
 _CLIENTS: dict[tuple[int, str, float, int], Any] = {}  # (pid, options, timeout, retries) -> s3fs client
@@ -370,19 +386,69 @@ def push(path: str | os.PathLike[str], url: str, *, overwrite: bool = False, dee
     obj = _remote(url, storage_options, timeout, retries)
     _check_local(path, deep)
     _target(url, overwrite, obj)
-    return _upload(path, obj, part_bytes, concurrency)
+    return _upload(path, obj, part_bytes, concurrency, if_absent=not overwrite)
 
 
 # --------------------------------------------------------------------------- create
+def _host_tag() -> str:
+    """This machine's name as it goes into build folders' names (no ``-``: the next field is the pid)."""
+    return "".join(c if c.isalnum() or c == "." else "_" for c in socket.gethostname()) or "host"
+
+
+_LOCK_NAME = ".h5store-build.lock"
+
+
 def _clean_stale(folder: str) -> None:
-    """Remove the build folders of publishing processes that died (killed mid-create)."""
+    """Remove the build folders of publishing processes that died (killed mid-create).
+
+    TMPDIR may be shared by several machines (a Dask cluster's shared filesystem): a folder
+    is removed only when its name carries this machine's name *and* nobody holds the
+    ``flock`` that its create takes for its whole life. The lock (released by the kernel
+    however the process ended) is the proof of death; a pid's absence from ``/proc`` is
+    not (another PID namespace, a container, shows other pids). The host name guards a
+    filesystem whose locks are not seen across machines. A folder whose lock file is not
+    there yet (a create between making it and locking it) counts as alive while its pid is.
+    """
+    mine = f"{_TMP_PREFIX}{_host_tag()}-"
     with contextlib.suppress(OSError):
         for name in os.listdir(folder):
-            if not name.startswith(_TMP_PREFIX):
+            if not name.startswith(mine):
+                continue  # another machine's, or an older h5store's: never removed here
+            path = os.path.join(folder, name)
+            pid = name[len(mine):].partition("-")[0]
+            try:
+                fd = os.open(os.path.join(path, _LOCK_NAME), os.O_RDWR)
+            except FileNotFoundError:
+                if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+                    shutil.rmtree(path, ignore_errors=True)
                 continue
-            pid = name[len(_TMP_PREFIX):].partition("-")[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
-                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: a create is running
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os.close(fd)
+
+
+def _build_folder(tmp: str) -> tuple[str, int]:
+    """A fresh build folder in ``tmp`` (dead creates' folders removed first) and the fd of the
+    lock that marks it in use: hold it until the folder is removed, then close it."""
+    _clean_stale(tmp)
+    folder = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{_host_tag()}-{os.getpid()}-", dir=tmp)
+    part = os.path.join(folder, _LOCK_NAME + ".new")
+    fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.replace(part, os.path.join(folder, _LOCK_NAME))  # seen by cleaners only once held
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return folder, fd
 
 
 def _keep_build(local: str, tmp: str, url: str, e: BaseException) -> None:
@@ -449,8 +515,7 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
     obj = _remote(url, storage_options, 120.0, 4)
     _target(url, mode == "w", obj, 'mode="w"')  # before the build: a refusal costs nothing
     tmp = tempfile.gettempdir()
-    _clean_stale(tmp)
-    folder = tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-", dir=tmp)
+    folder, lock = _build_folder(tmp)
     try:
         local = os.path.join(folder, os.path.basename(obj.key))
         try:
@@ -463,12 +528,16 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
         report = getattr(built, "report", None)
         built.close()
         try:
-            done = _upload(local, obj, part_bytes, 4)
+            # Again now, after a build of maybe hours: an object published meanwhile is not
+            # replaced (and the store itself refuses, with If-None-Match, one put in between).
+            _target(url, mode == "w", obj, 'mode="w"')
+            done = _upload(local, obj, part_bytes, 4, if_absent=mode != "w")
         except BaseException as e:
             _keep_build(local, tmp, url, e)  # hours of create are not lost to a network error
             raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock)
     out = cls(url, mode="r", **({"storage_options": storage_options} if storage_options else {}))
     out.report = report  # type: ignore[attr-defined]
     out.upload = done  # type: ignore[attr-defined]

@@ -152,6 +152,11 @@ class RemoteChunkReader(ChunkReader):
         super().__setstate__(state)
         self._plock = threading.Lock()
 
+    def _after_fork(self) -> None:
+        super()._after_fork()
+        self._plock = threading.Lock()
+        self._pending = {}
+
     def chunks_of(self, keys: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
         """Chunks ``keys`` decoded; the stored bytes of those not cached fetched first, together."""
         with self._lock:

@@ -509,7 +509,7 @@ def _send_sharded(folder: str, manifest_path: str, manifest: dict[str, Any], url
         uploads.append(publish._upload(os.path.join(folder, e["file"]), shard, part_bytes, concurrency))
     # Last: every shard it names is there. (S3 is strongly consistent: a reader that sees the
     # manifest sees the shards.)
-    uploads.append(publish._upload(manifest_path, mobj, part_bytes, concurrency))
+    uploads.append(publish._upload(manifest_path, mobj, part_bytes, concurrency, if_absent=not overwrite))
     names = {e["file"] for e in manifest["shards"]}
     for name in sorted(old - names):  # the replaced dataset's shards that the new one does not name
         if name.startswith("shard-") and "/" not in name and "\\" not in name:
@@ -572,8 +572,7 @@ def create_sharded_remote(url: str, build: Callable[[str], Any], *, mode: str | 
     obj = publish._remote(murl, storage_options, 120.0, 4)
     publish._target(murl, replace, obj, 'mode="w"')  # before the build: a refusal costs nothing
     tmp = tempfile.gettempdir()
-    publish._clean_stale(tmp)
-    work = tempfile.mkdtemp(prefix=f"{publish._TMP_PREFIX}{os.getpid()}-", dir=tmp)
+    work, lock = publish._build_folder(tmp)
     try:
         local = os.path.join(work, prefix.rsplit("/", 1)[-1] or "dataset")
         try:
@@ -595,6 +594,7 @@ def create_sharded_remote(url: str, build: Callable[[str], Any], *, mode: str | 
             raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        os.close(lock)
     out = open_sharded(murl, opener=opener, **({"storage_options": storage_options} if storage_options else {}))
     out.report = report
     out.upload = done

@@ -33,7 +33,7 @@ from h5store.follow import follow
 from h5store.format import check_root, init_root
 from h5store.groups import GroupStore, Tables
 from h5store.handle import FileHandle
-from h5store.objstore import is_remote
+from h5store.objstore import is_remote, replaced
 from h5store.schema import Feature, Schema
 from h5store.schema_merge import check_names, merge, with_fixed, with_learned
 from h5store.serving import api as _serving_api
@@ -556,6 +556,8 @@ class TypedFile:
             return 0
         before = len(self) if self._pid == os.getpid() and self._handle.is_open else None
         self._handle.close()
+        if self._handle.remote:
+            replaced(self._handle.path)  # the next open asks for the object's current version (one HEAD)
         self._groups = {}
         self._inherited = {}
         self._pid = -1

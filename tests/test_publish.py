@@ -47,6 +47,7 @@ from tests.test_remote import _same
 
 ROOT = Path(__file__).resolve().parent.parent
 BUCKET = "h5store-publish"
+_HOST = "".join(c if c.isalnum() or c == "." else "_" for c in __import__("socket").gethostname())  # as publish names it
 MiB = 1 << 20
 
 
@@ -210,6 +211,49 @@ def test_create_to_an_existing_object_needs_mode_w(server: S3Server, tmp_path: P
     assert not list(tmpdir_env.iterdir())
 
 
+def test_an_object_published_during_the_build_is_not_overwritten(server: S3Server, tmp_path: Path,
+                                                                  tmpdir_env: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exists check runs again after the build: an object put at the URL while the file
+    was built is left alone, the create refuses, and the build is kept for ``push``."""
+    import h5store.ingest as ingest
+
+    src = _sources(tmp_path / "src", n=6)
+    url = _url()
+    real = ingest.create_remote
+
+    def racing(cls: Any, url_: str, build: Any, **kw: Any) -> Any:
+        def build_then_someone_publishes(local: str) -> Any:
+            out = build(local)
+            _client(server).put_object(Bucket=BUCKET, Key=_key(url_), Body=b"theirs")
+            return out
+        return real(cls, url_, build_then_someone_publishes, **kw)
+
+    monkeypatch.setattr(ingest, "create_remote", racing)
+    with pytest.raises(TargetExistsError, match=rf"{re.escape(url)} already exists: pass mode=\"w\".*kept at") as e:
+        Pub.create(url, src, n_workers=1, progress=False)
+    assert _object(server, url) == b"theirs"
+    kept = list(tmpdir_env.iterdir())
+    assert len(kept) == 1 and kept[0].name.startswith("h5store-unpublished-") and str(kept[0]) in str(e.value)
+    with Pub(kept[0]) as f:
+        assert len(f) == 6
+
+
+@pytest.mark.parametrize("size", [1000, 6 * MiB])  # one PutObject; a multipart upload
+def test_an_upload_that_must_not_replace_is_refused_by_the_store(server: S3Server, tmp_path: Path, size: int) -> None:
+    """Between the last exists check and the put, the store itself refuses (If-None-Match: *)."""
+    from h5store.publish import MIN_PART_BYTES, _remote, _upload
+
+    url = _url()
+    _client(server).put_object(Bucket=BUCKET, Key=_key(url), Body=b"theirs")
+    f = tmp_path / "f.bin"
+    f.write_bytes(os.urandom(size))
+    with pytest.raises(TargetExistsError, match=rf"{re.escape(url)} appeared while this upload ran"):
+        _upload(str(f), _remote(url, None, 30.0, 1), MIN_PART_BYTES, 2, if_absent=True)
+    assert _object(server, url) == b"theirs"
+    assert not _pending(server, url)
+
+
 def test_create_to_s3_refuses_append_and_resume(server: S3Server, tmp_path: Path) -> None:
     src = _sources(tmp_path / "src", n=3)
     with pytest.raises(ReadOnlyError, match=r"s3://.*mode=\"a\" is not supported.*h5store push"):
@@ -228,12 +272,38 @@ def test_a_failed_create_removes_its_build_folder(server: S3Server, tmp_path: Pa
         Pub.create(url, src, n_workers=1, progress=False, on_error="raise")
     assert not list(tmpdir_env.iterdir())
     assert not [r for r in server.requests if r[0] in ("PUT", "POST")]
-    stale = tmpdir_env / "h5store-publish-999999999-abc"  # left by a killed create (no such pid)
+    stale = tmpdir_env / f"h5store-publish-{_HOST}-999999999-abc"  # left by a killed create (no such pid)
     stale.mkdir()
     (stale / "x.h5").write_bytes(b"half")
     (src / "cat" / "bad.txt").unlink()
     Pub.create(url, src, n_workers=1, progress=False).close()
     assert not list(tmpdir_env.iterdir()), "a dead create's build folder was kept"
+
+
+def test_a_create_keeps_other_hosts_and_live_builds_in_a_shared_tmpdir(server: S3Server, tmp_path: Path,
+                                                                       tmpdir_env: Path) -> None:
+    """TMPDIR on a filesystem shared by machines: another host's build folder (its pid means
+    nothing here) and a build whose lock is held (a live create, whatever its pid says) are
+    never removed; a dead build of this host (its lock free) is."""
+    import fcntl
+
+    src = _sources(tmp_path / "src", n=4)
+    other = tmpdir_env / "h5store-publish-otherhost-999999999-abc"
+    legacy = tmpdir_env / "h5store-publish-999999997-abc"  # no host in the name: whose pid is that?
+    live = tmpdir_env / f"h5store-publish-{_HOST}-999999999-live"
+    dead = tmpdir_env / f"h5store-publish-{_HOST}-999999998-dead"
+    for d in (other, legacy, live, dead):
+        d.mkdir()
+        (d / "x.h5").write_bytes(b"building")
+        (d / ".h5store-build.lock").write_bytes(b"")
+    fd = os.open(live / ".h5store-build.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held by a create (here: this test) in another PID namespace
+    try:
+        Pub.create(_url(), src, n_workers=1, progress=False).close()
+        assert sorted(p.name for p in tmpdir_env.iterdir()) == sorted([other.name, legacy.name, live.name])
+        assert (other / "x.h5").read_bytes() == (live / "x.h5").read_bytes() == b"building"
+    finally:
+        os.close(fd)
 
 
 def test_a_failed_upload_keeps_the_built_file_for_push(server: S3Server, tmp_path: Path, tmpdir_env: Path) -> None:
@@ -664,3 +734,37 @@ def test_other_file_space_layouts_read_equal(outside: ProcessS3Server, tmp_path:
                 _same(getattr(loc, name)[i], getattr(base, name)[i], f"local {name}[{i}]")
                 _same(getattr(rem, name)[i], getattr(base, name)[i], f"remote {name}[{i}]")
         assert rem.verify() and loc.verify()
+
+
+def test_a_file_that_shrank_before_its_single_put_is_not_sent(server: S3Server, tmp_path: Path) -> None:
+    """The size stat'ed, then the file truncated before its one PutObject read it: refused, as
+    a multipart upload's short part is, and nothing is put."""
+    from h5store.publish import PART_BYTES, _remote, _run, _send
+
+    url = _url()
+    f = tmp_path / "f.bin"
+    f.write_bytes(os.urandom(1000))
+    obj = _remote(url, None, 30.0, 1)
+    fs = obj.store()
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="read 1000 of 1500 bytes: the file shrank"):
+            _run(fs, _send(fs, obj.bucket, obj.key, fd, 1500, PART_BYTES, 1))  # 1500: its size at the stat
+    finally:
+        os.close(fd)
+    assert not [r for r in server.requests if r[0] == "PUT"]
+
+
+@pytest.mark.parametrize("argv", [["info", "s3://{b}/x.h5"], ["push", "{f}", "s3://{b}/x.h5"]])
+def test_cli_without_s3fs_says_which_extra_to_install(server: S3Server, tmp_path: Path, argv: list[str]) -> None:
+    f = tmp_path / "f.h5"
+    with Pub.create(f, _sources(tmp_path / "src", n=3), n_workers=1, progress=False):
+        pass
+    args = [a.format(b=BUCKET, f=f) for a in argv]
+    code = ("import sys; sys.modules['s3fs'] = None  # import s3fs raises ImportError\n"
+            f"from h5store.cli import main; sys.exit(main({args!r}))")
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert got.returncode != 0
+    assert "Traceback" not in got.stderr, got.stderr
+    lines = got.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'h5store[s3]'" in lines[0] and "s3://" in lines[0], got.stderr

@@ -870,3 +870,141 @@ def test_untrusted_remote_open_checks_the_file(mixed: tuple[Path, str], server: 
     path, url = mixed
     with pytest.warns(H5StoreSecurityWarning), h5s.open(url, untrusted=True) as rem, h5s.open(path) as loc:
         _same(rem.gz[7], loc.gz[7], "gz[7]")
+
+
+class _Big(h5s.TypedFile):
+    x = h5s.Array(dtype="float32", shape=(None, 256), chunk_rows=64)
+
+
+def test_an_overwritten_object_is_refused_never_mixed_into_the_cache(server: S3Server, tmp_path: Path) -> None:
+    """A reader that opened ETag E1 never reads (nor caches under E1) the bytes of an object
+    put at the same URL since: every GET requires E1 (If-Match) and a 412 says to reopen."""
+    def big(name: str, seed: int) -> Path:  # past RemoteFile's 1 MiB metadata block: later items are cache misses
+        rng = np.random.default_rng(seed)
+        with _Big(tmp_path / name, mode="w") as w:
+            w.extend([(f"u{i:02d}", dict(x=rng.standard_normal((100, 256)).astype("float32"))) for i in range(40)])
+        return tmp_path / name
+
+    path, new = big("big.h5", 0), big("new.h5", 1)
+    old = path.read_bytes()
+    assert new.stat().st_size == len(old) and new.read_bytes() != old  # the same size, another ETag
+    url = upload(server, path)
+    cache, B = tmp_path / "cache", 4096
+    with h5s.open(url, cache_dir=str(cache), block_bytes=B) as rem:
+        rem.x.read_many(list(range(3)))  # one batch: its blocks cached under E1
+        etag = register(url, cache_dir=str(cache), block_bytes=B).etag
+        bucket, key = url[5:].split("/", 1)
+        server.put(bucket, key, str(new))  # h5store push --overwrite, as the store sees it
+        assert rem.changed()
+        with pytest.raises(RemoteError, match=r"s3://.*changed since it was opened \(ETag .*\): reopen it"):
+            rem.x.read_many(list(range(30, 40)))  # cache misses
+    dc = DiskCache(str(cache))
+    held = 0
+    for b in range(-(-len(old) // B)):
+        got = dc.get(f"{url}|{etag}|{B}|{b}")
+        if got is not None:
+            held += 1
+            assert got == old[b * B : (b + 1) * B], f"block {b} under the old ETag holds other bytes"
+    assert held, "nothing was cached: the test proves nothing"
+    with h5s.open(url, cache_dir=str(cache), block_bytes=B) as rem, h5s.open(new) as loc:  # reopened: the new one
+        _same(rem.x.read_many([30, 39]), loc.x.read_many([30, 39]), "after the reopen")
+
+
+# --------------------------------------------------------------------------- fork while a thread is inside
+def _in_forked_child(check: Any) -> str:
+    """``repr(check())`` computed in a forked child (or the error it raised)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            out = repr(check())
+        except BaseException as e:  # noqa: BLE001
+            out = f"error {e!r}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    got = b""
+    while chunk := os.read(r, 4096):
+        got += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got.decode()
+
+
+def _while_a_thread_holds(enter: Any, check: Any) -> str:
+    """Fork while another thread is inside the context manager ``enter()``; the child's ``check()``."""
+    import threading
+
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with enter():
+            inside.set()
+            leave.wait()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert inside.wait(30)
+        return _in_forked_child(check)
+    finally:
+        leave.set()
+        t.join()
+
+
+def test_a_worker_forked_during_a_paused_collection_has_the_collector_on() -> None:
+    import gc
+
+    from h5store.fileobj import _collector_paused
+
+    assert gc.isenabled()
+    assert _while_a_thread_holds(_collector_paused, gc.isenabled) == "True"
+    assert gc.isenabled()
+
+
+def test_a_worker_forked_while_a_parent_thread_holds_a_lock_can_take_it(mixed: tuple[Path, str],
+                                                                        server: S3Server) -> None:
+    """The registry's, a RemoteObject's and a chunk reader's locks: held by a parent thread at
+    the fork, each is free in the child (one second to take it; it used to hang forever)."""
+    import h5store.objstore as objstore
+
+    _, url = mixed
+    obj = register(url)
+    with h5s.open(url) as rem:
+        rem.gz[0]
+        readers = [r for r in _chunk_readers(rem)]
+    assert readers, "no RemoteChunkReader: the test proves nothing"
+    r = readers[0]
+    for lock_of in (lambda: objstore._OBJECTS_LOCK, lambda: obj._lock, lambda: r._plock, lambda: r._lock):
+        assert _while_a_thread_holds(lock_of, lambda lock_of=lock_of: lock_of().acquire(timeout=1)) == "True"
+
+
+def _chunk_readers(f: Any) -> list[Any]:
+    import gc
+
+    return [o for o in gc.get_objects() if type(o) is RemoteChunkReader]
+
+
+# --------------------------------------------------------------------------- the cache folder's bookkeeping
+def test_cache_remembers_a_bounded_number_of_checked_entries(tmp_path: Path) -> None:
+    cache = DiskCache(str(tmp_path / "c"), max_bytes=100 * 120, block_bytes=100)
+    for i in range(2000):  # far more distinct blocks than the folder holds
+        cache.put(str(i), bytes([i % 251]) * 100)
+        assert cache.read_range(str(i), 10, 5) == bytes([i % 251]) * 5
+    assert len(cache._checked) <= 100 * 120 // 100 + 1
+    assert len(cache._touched) <= 100 * 120 // 100 + 1
+
+
+def test_cache_evicts_the_least_recently_read_not_the_first_filled(tmp_path: Path) -> None:
+    folder = tmp_path / "c"
+    cache = DiskCache(str(folder), max_bytes=300, block_bytes=100)  # entries of 100 + a 20-byte header
+    cache.touch_every_s = 0.0  # every hit refreshes (the default: at most once per 10 s per entry)
+    cache.put("a", b"a" * 100)
+    cache.put("b", b"b" * 100)
+    assert cache.read_range("a", 0, 10) == b"a" * 10  # checked whole once: from now on the fast pread
+    os.utime(cache.path_of("a"), (1000, 1000))  # a filled first ...
+    os.utime(cache.path_of("b"), (2000, 2000))
+    assert cache.read_range("a", 5, 10) == b"a" * 10  # ... but read again since: b is the older
+    cache.put("c", b"c" * 100)  # past the bound: one entry goes
+    assert cache.get("a") == b"a" * 100
+    assert cache.get("b") is None
