@@ -263,6 +263,15 @@ def _upload_failed(url: str, e: BaseException) -> RemoteError:
     return err
 
 
+def _not_implemented(e: BaseException) -> bool:
+    """The store answered 501 NotImplemented (an S3-compatible store without conditional writes)."""
+    cause = e.__cause__ if e.__cause__ is not None else e
+    resp = getattr(cause, "response", None) or {}
+    code = str(resp.get("Error", {}).get("Code", ""))
+    return isinstance(e, NotImplementedError) or code == "NotImplemented" or \
+        resp.get("ResponseMetadata", {}).get("HTTPStatusCode") == 501
+
+
 def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int, if_absent: bool = False) -> Upload:
     """Upload ``path`` to ``obj``; with ``if_absent``, refused (:class:`TargetExistsError`,
     nothing replaced) when an object appeared at the key since it was checked."""
@@ -279,8 +288,18 @@ def _upload(path: str, obj: RemoteObject, part_bytes: int, concurrency: int, if_
             part_bytes = -(-size // MAX_PARTS)
         fs = obj.store()
         try:
-            want, parts = _run(fs, _send(fs, obj.bucket, obj.key, fd, size, part_bytes, concurrency, if_absent))
-        except Exception as e:  # noqa: BLE001 - botocore's, aiohttp's and s3fs's errors, mapped
+            try:
+                want, parts = _run(fs, _send(fs, obj.bucket, obj.key, fd, size, part_bytes, concurrency, if_absent))
+            except Exception as e:
+                if not (if_absent and _not_implemented(e)):
+                    raise
+                # A store without conditional writes (If-None-Match) refused the request whole:
+                # nothing was replaced. The existence check just before is then all there is.
+                _target(url, False, obj)
+                want, parts = _run(fs, _send(fs, obj.bucket, obj.key, fd, size, part_bytes, concurrency))
+        except Exception as e:
+            if isinstance(e, TargetExistsError):
+                raise
             if if_absent and (isinstance(e, FileExistsError) or RemoteObject._precondition_failed(e)):
                 raise _exists(url, "overwrite=True", "appeared while this upload ran; it is unchanged") from None
             raise _upload_failed(url, e) from None

@@ -35,6 +35,7 @@ class S3Server:
     fail_methods: tuple[str, ...] = ("GET",)
     delay_s: float = 0.0  # sleep before answering every GET
     put_delay_s: float = 0.0  # sleep before answering every PUT (a part, an object): slow uploads
+    no_conditional_writes: bool = False  # answer 501 NotImplemented to a PUT/POST with If-None-Match (older stores)
     in_flight: int = 0  # GET requests being answered now
     max_in_flight: int = 0  # the most GET requests answered at once since the last reset()
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -76,7 +77,9 @@ class S3Server:
             with self._lock:
                 self.requests.append((method, environ.get("PATH_INFO", ""), environ.get("HTTP_RANGE", "")))
                 status = 0
-                if method in self.fail_methods and self.fail_count > 0:
+                if self.no_conditional_writes and method in ("PUT", "POST") and environ.get("HTTP_IF_NONE_MATCH"):
+                    status = 501
+                elif method in self.fail_methods and self.fail_count > 0:
                     self.fail_count -= 1
                     status = self.fail_status
                 if method == "GET":

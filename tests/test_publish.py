@@ -254,6 +254,32 @@ def test_an_upload_that_must_not_replace_is_refused_by_the_store(server: S3Serve
     assert not _pending(server, url)
 
 
+@pytest.mark.parametrize("size", [1000, 11 * MiB])  # one put; a multipart upload (its completion)
+def test_a_store_without_conditional_writes_still_takes_uploads(server: S3Server, tmp_path: Path, size: int) -> None:
+    """A store that answers 501 to If-None-Match (older S3-compatibles) gets the upload without
+    it, after one more exists check; an object already there is still refused, unchanged."""
+    server.no_conditional_writes = True
+    try:
+        f = tmp_path / "f.bin"
+        f.write_bytes(os.urandom(size))
+        url = _url()
+        push_bytes = f.read_bytes()
+        from h5store.publish import MIN_PART_BYTES, _remote, _upload
+
+        _upload(str(f), _remote(url, None, 30.0, 1), MIN_PART_BYTES, 2, if_absent=True)
+        assert _object(server, url) == push_bytes
+        assert not _pending(server, url)
+        refused = [r for r in server.requests if r[0] in ("PUT", "POST")]
+        assert refused, "the conditional request was made first"
+        other = _url()
+        _client(server).put_object(Bucket=BUCKET, Key=_key(other), Body=b"theirs")
+        with pytest.raises(TargetExistsError, match=rf"{re.escape(other)} already exists"):
+            _upload(str(f), _remote(other, None, 30.0, 1), MIN_PART_BYTES, 2, if_absent=True)
+        assert _object(server, other) == b"theirs"
+    finally:
+        server.no_conditional_writes = False
+
+
 def test_create_to_s3_refuses_append_and_resume(server: S3Server, tmp_path: Path) -> None:
     src = _sources(tmp_path / "src", n=3)
     with pytest.raises(ReadOnlyError, match=r"s3://.*mode=\"a\" is not supported.*h5store push"):
