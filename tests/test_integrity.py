@@ -215,6 +215,28 @@ def test_blob_frames_outside_data_or_split(store: tuple[Path, Expected]) -> None
     }
 
 
+def test_blob_item_emptied_by_damage_is_refused_on_every_read(store: tuple[Path, Expected]) -> None:
+    """Damage that empties a blobs item's index row (seen in the fuzz run: a duplicated 4 KiB
+    range zeroed four rows) leaves nothing to read: the empty item must still fail its CRC-32."""
+    path, expected = store
+    with h5py.File(path, "r+", locking=False) as f:
+        f["frames/index"][4] = (0, 0)
+    with Clip(path) as f:
+        with pytest.raises(h5s.CorruptRecordError, match="row 4 fails its checksum"):
+            f.frames.read_many(["c4"])
+        with pytest.raises(h5s.CorruptRecordError, match="row 4 fails its checksum"):
+            f.frames.read_many(["c5", "c4"])
+        with pytest.raises(h5s.CorruptRecordError, match="row 4 fails its checksum"):
+            f.frames.blobs("c4")  # all of its (now no) blobs: a whole item, checked
+        with pytest.raises(h5s.CorruptRecordError, match="row 4 fails its checksum"):
+            f.frames.frames("c4", encoded=True)[:]
+        assert f.frames.frames("c5", encoded=True)[:] == expected[("", "frames")]["c5"]
+        assert [bytes(b) for b in f.frames.read_many(["c5"])[0]] == expected[("", "frames")]["c5"]
+        with pytest.raises(h5s.CorruptRecordError, match="'c4'"):
+            list(f.iter_batches(dict(x=h5s.Item("frames")), batch_size=2, items=[0, 4]))
+    assert {p.id for p in verify(path, deep=True).problems} == {"c4"}
+
+
 def f_size(path: Path) -> int:
     with h5py.File(path, "r", locking=False) as f:
         return int(f["frames/data"].shape[0])
