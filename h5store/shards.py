@@ -714,7 +714,8 @@ def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options:
     An ``s3://`` manifest (``s3://bucket/speech/index.json``, or the folder's URL ending in
     ``/``) is read through the object store, its shards opened as the ``s3://`` objects beside
     it (``storage_options=``, ``cache_dir=`` apply to all). Every shard named by the manifest
-    must be there with its recorded byte size, item count and schema hash, or the error names it (a shard's bytes are checked in full by
+    must be there with its recorded byte size, item count, first and last ids and schema hash, or
+    the error names it (a shard's bytes are checked in full by
     ``h5store verify`` on it, or by a ``resume=True`` create; an open only stats them).
 
     Parameters
@@ -759,8 +760,16 @@ def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options:
                                   "replaced; rebuild it (create with resume=True) or copy it again")
             f = opener(sp, **options)
             files.append(f)
-            if len(f) != e["items"]:
-                raise FormatError(f"{sp}: holds {len(f)} items, the manifest records {e['items']}")
+            n = len(f)
+            if n != e["items"]:
+                raise FormatError(f"{sp}: holds {n} items, the manifest records {e['items']}")
+            ends = (f.ids[0], f.ids[n - 1]) if n else (None, None)
+            if ends != (e.get("first"), e.get("last")):
+                # Same size and count, other items: a shard of another build (a second
+                # publisher's, or copied from another folder) must not be served as this one.
+                raise FormatError(f"{sp}: its ids run {ends[0]!r}..{ends[1]!r}, the manifest records "
+                                  f"{e.get('first')!r}..{e.get('last')!r}: the shard is from another build; "
+                                  "copy the whole folder again, or rebuild it (create with resume=True)")
             h = schema_hash(f.file_schema)
             if h != manifest.get("schema_hash"):
                 raise SchemaError(f"{sp}: its schema (hash {h[:12]}) is not the dataset's ({str(manifest.get('schema_hash'))[:12]}"

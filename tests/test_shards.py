@@ -314,6 +314,25 @@ def test_open_refuses_a_shard_of_another_schema_naming_it(built, tmp_path):
         h5s.concat([out])
 
 
+def test_open_refuses_a_shard_of_another_build_of_the_same_size(built, tmp_path):
+    """A shard of the same schema, size and count but other items (a second publisher's upload
+    under the same name, a shard copied from another folder) is refused, not served as this one."""
+    out, src, _ = built
+    target = out / "shard-00002-of-00004.h5"
+    with h5s.open(target) as f:
+        ids = list(f.ids)
+    with h5s.open(out / "shard-00001-of-00004.h5") as f:
+        others = list(f.ids)
+    files = [p for p in src.rglob("*.txt") if str(p.relative_to(src).with_suffix("")) in others]
+    LabeledNums.create(tmp_path / "other.h5", files, root=src, n_workers=1, progress=False).close()
+    shutil.copy(tmp_path / "other.h5", target)
+    _edit(out, lambda m: m["shards"][2].update(bytes=target.stat().st_size))
+    with h5s.open(target) as f:
+        assert len(f) == len(ids) and list(f.ids) != ids  # same count, other items
+    with pytest.raises(h5s.FormatError, match=r"shard-00002-of-00004\.h5: its ids run .* the manifest records"):
+        h5s.open(out)
+
+
 def test_open_refuses_a_bad_manifest(built):
     out, _, _ = built
     good = (out / "index.json").read_text()
