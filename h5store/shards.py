@@ -168,9 +168,10 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     mode, overwrite
         As for create: an existing dataset at ``path`` is refused unless ``mode="w"``
         (``overwrite=True``); appending to a sharded dataset (``mode="a"``) is not supported.
-        Replacing removes the old manifest first (the old dataset no longer opens while the
-        new one is built: its shards are being replaced), then the old shards the new
-        manifest does not name.
+        Replacing a local folder removes the old manifest first (the old dataset no longer
+        opens while the new one is built: its shards are being replaced), then the old shards
+        the new manifest does not name. Onto ``s3://`` the old dataset stays whole until the
+        new manifest replaces it (:func:`push_sharded`).
     resume : bool
         Keep the shards the draft manifest records as complete (size and CRC-32 checked
         again) and build the others; a shard killed midway continues from its partial file.
@@ -486,32 +487,62 @@ def _local_shards(path: str, deep: bool, files: bool = True) -> tuple[str, str, 
     return folder, manifest_path, manifest
 
 
+def _upload_name(name: str, tag: str) -> str:
+    """A shard's name in the store for one upload: ``shard-00000-of-00004.<tag>.h5``."""
+    stem, dot, ext = name.rpartition(".")
+    return f"{stem}.{tag}.{ext}" if dot else f"{name}.{tag}"
+
+
 def _send_sharded(folder: str, manifest_path: str, manifest: dict[str, Any], url: str, overwrite: bool,
                   how: str, part_bytes: int, concurrency: int, storage_options: dict[str, Any] | None,
                   timeout: float, retries: int) -> publish.ShardedUpload:
-    """Upload a checked local sharded dataset: the shards, then ``index.json``."""
+    """Upload a checked local sharded dataset: the shards under names of this upload's own, then
+    ``index.json`` naming them.
+
+    Each upload's shards get a tag of their own (``shard-00000-of-00004.<tag>.h5``): two
+    uploads to one URL never write the same key, so a second publisher cannot replace the
+    shards a first one's manifest names, and a replacement leaves the old dataset whole (its
+    manifest and shards) until the new manifest replaces the old in one PUT. Then the old
+    shards go. An upload that fails, or finds that another was published first, removes its own
+    shards (best effort: an orphan shard is never named by a manifest).
+    """
     t0 = time.perf_counter()
     prefix, murl = dataset_urls(url)
     mobj = publish._remote(murl, storage_options, timeout, retries)
     publish._target(murl, overwrite, mobj, how)
     old: set[str] = set()
-    if mobj._head is not None:  # replacing a dataset (overwrite): its manifest goes first
+    if mobj._head is not None:  # replacing a dataset (overwrite): its shards go once the new manifest is up
         with contextlib.suppress(RemoteError, FormatError, ValueError, TypeError, AttributeError):
             old = {str(e.get("file")) for e in read_manifest(murl, check=False,
                                                              storage_options=storage_options).get("shards", [])
                    if isinstance(e, dict)}
-        # No reader may open the old manifest while its shards are replaced under it: it goes
-        # before any new shard is sent (the dataset does not open until the new one is whole).
-        publish._delete(mobj, "removing the old manifest (replacing needs s3:DeleteObject)")
+    tag = uuid.uuid4().hex[:10]
+    named = {e["file"]: _upload_name(e["file"], tag) for e in manifest["shards"]}
+    sent: list[str] = []
     uploads = []
-    for e in manifest["shards"]:
-        shard = publish._remote(f"{prefix}/{e['file']}", storage_options, timeout, retries)
-        uploads.append(publish._upload(os.path.join(folder, e["file"]), shard, part_bytes, concurrency))
-    # Last: every shard it names is there. (S3 is strongly consistent: a reader that sees the
-    # manifest sees the shards.)
-    uploads.append(publish._upload(manifest_path, mobj, part_bytes, concurrency, if_absent=not overwrite))
-    names = {e["file"] for e in manifest["shards"]}
-    for name in sorted(old - names):  # the replaced dataset's shards that the new one does not name
+    try:
+        for e in manifest["shards"]:
+            shard = publish._remote(f"{prefix}/{named[e['file']]}", storage_options, timeout, retries)
+            sent.append(named[e["file"]])
+            uploads.append(publish._upload(os.path.join(folder, e["file"]), shard, part_bytes, concurrency,
+                                           if_absent=True))
+        remote = dict(manifest, shards=[dict(e, file=named[e["file"]]) for e in manifest["shards"]])
+        fd, tmp = tempfile.mkstemp(prefix=".h5store-manifest-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(remote, fh, indent=1)
+            # Last: every shard it names is there (S3 is strongly consistent: a reader that
+            # sees the manifest sees the shards). Replacing, one PUT swaps old for new.
+            uploads.append(publish._upload(tmp, mobj, part_bytes, concurrency, if_absent=not overwrite))
+        finally:
+            os.unlink(tmp)
+    except BaseException:
+        for name in sent:  # this upload's shards, never named by a published manifest
+            with contextlib.suppress(Exception):
+                publish._delete(publish._remote(f"{prefix}/{name}", storage_options, timeout, retries),
+                                "removing a shard of a failed upload")
+        raise
+    for name in sorted(old - set(named.values())):  # the replaced dataset's shards
         if name.startswith("shard-") and "/" not in name and "\\" not in name:
             with contextlib.suppress(RemoteError):  # left behind, never named by a manifest again
                 publish._delete(publish._remote(f"{prefix}/{name}", storage_options, timeout, retries),
@@ -528,10 +559,11 @@ def push_sharded(path: str | os.PathLike[str], url: str, *, overwrite: bool = Fa
 
     Every shard is checked against the manifest (present, its size; with ``deep`` its CRC-32
     and every item's) and as a file (:func:`h5store.publish.push`'s check), then uploaded to
-    ``URL/<shard>`` as :func:`h5store.publish.upload` does, and ``index.json`` last: a reader
-    never sees a manifest naming a shard that is not there yet. Replacing a dataset (``overwrite``) deletes
-    its manifest first (it does not open until the new one is whole), and its shards that the
-    new manifest does not name last. The parameters are :func:`h5store.publish.push`'s.
+    ``URL/<shard>.<tag>.h5`` (a tag of this upload's own) as :func:`h5store.publish.upload`
+    does, and ``index.json`` naming them last: a reader never sees a manifest naming a shard that
+    is not there yet, and two uploads to one URL never write the same shard. Replacing a dataset
+    (``overwrite``) leaves the old one whole until the new manifest replaces it (one PUT), then
+    deletes the old shards. The parameters are :func:`h5store.publish.push`'s.
 
     Examples
     --------
@@ -715,8 +747,9 @@ def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options:
     ``/``) is read through the object store, its shards opened as the ``s3://`` objects beside
     it (``storage_options=``, ``cache_dir=`` apply to all). Every shard named by the manifest
     must be there with its recorded byte size, item count, first and last ids and schema hash, or
-    the error names it (a shard's bytes are checked in full by
-    ``h5store verify`` on it, or by a ``resume=True`` create; an open only stats them).
+    the error names it (a shard's bytes are checked in full by ``h5store verify`` on it, or by a
+    ``resume=True`` create; an open only stats them). An open that races with the end of a
+    replacement (the old shards go once the new manifest is up) opens the new manifest instead.
 
     Parameters
     ----------
@@ -733,18 +766,37 @@ def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options:
     """
     import importlib
 
-    remote = is_remote(path)
-    if remote:  # s3://bucket/speech/index.json or s3://bucket/speech/: shards beside the manifest
-        p = os.fspath(path)
-        p = p + MANIFEST if p.endswith("/") else p
-        folder = p.rsplit("/", 1)[0]
-        manifest = read_manifest(p, storage_options=options.get("storage_options"))
-    else:
+    if opener is None:
+        opener = importlib.import_module("h5store.typed_file").open  # the façade, above this layer
+    if not is_remote(path):
         p = os.path.abspath(os.fspath(path))
         folder = _folder(p) if not os.path.isdir(p) else p
         manifest = read_manifest(p)
-    if opener is None:
-        opener = importlib.import_module("h5store.typed_file").open  # the façade, above this layer
+        return ShardedDataset(_open_shards(folder, manifest, False, opener, options), folder, manifest)
+    # s3://bucket/speech/index.json or s3://bucket/speech/: shards beside the manifest
+    p = os.fspath(path)
+    p = p + MANIFEST if p.endswith("/") else p
+    folder = p.rsplit("/", 1)[0]
+    so = options.get("storage_options")
+    manifest: dict[str, Any] = {}
+    for attempt in range(3):
+        try:
+            manifest = read_manifest(p, storage_options=so)
+            return ShardedDataset(_open_shards(folder, manifest, True, opener, options), folder, manifest)
+        except (FileNotFoundError, RemoteError):
+            # A replacement finished between reading the manifest and opening its shards (the
+            # old shards go once the new manifest is up), or replaced the manifest as it was
+            # read: open the new one. The same manifest again: the error stands.
+            if attempt == 2:
+                raise
+            if read_manifest(p, storage_options=so) == manifest:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _open_shards(folder: str, manifest: dict[str, Any], remote: bool, opener: Any,
+                 options: dict[str, Any]) -> list[Any]:
+    """Open every shard ``manifest`` names, each checked against its entry (closed again on error)."""
     files = []
     try:
         for e in manifest["shards"]:
@@ -778,7 +830,7 @@ def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options:
         for f in files:
             f.close()
         raise
-    return ShardedDataset(files, folder, manifest)
+    return files
 
 
 class ShardedDataset(MultiFile):

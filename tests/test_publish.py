@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -383,9 +384,16 @@ def test_cli_create_to_s3(server: S3Server, tmp_path: Path, tmpdir_env: Path) ->
 
 
 # --------------------------------------------------------------------------- sharded datasets onto s3://
-def _keys(server: S3Server, prefix_url: str) -> list[str]:
+def _keys(server: S3Server, prefix_url: str, tags: bool = False) -> list[str]:
+    """The objects under a dataset's folder; shard names without their upload's tag
+    (``shard-00000-of-00002.<tag>.h5`` -> ``shard-00000-of-00002.h5``) unless ``tags``."""
     got = _client(server).list_objects_v2(Bucket=BUCKET, Prefix=_key(prefix_url) + "/")
-    return sorted(o["Key"].rsplit("/", 1)[1] for o in got.get("Contents", []))
+    keys = [o["Key"].rsplit("/", 1)[1] for o in got.get("Contents", [])]
+    return sorted(keys if tags else [_untagged(k) for k in keys])
+
+
+def _untagged(name: str) -> str:
+    return re.sub(r"\.[0-9a-f]{10}\.h5$", ".h5", name)
 
 
 @pytest.mark.parametrize("how", [dict(shard_size=25), dict(shards=2)])
@@ -408,7 +416,7 @@ def test_sharded_create_to_s3_equals_a_local_unsharded_create(server: S3Server, 
         assert not list(tmpdir_env.iterdir()), "the build folder was left in TMPDIR"
         names = [f"shard-{k:05d}-of-{n:05d}.h5" for k in range(n)]
         assert _keys(server, url) == sorted([*names, "index.json"])
-        puts = [r[1].rsplit("/", 1)[1] for r in server.requests if r[0] == "PUT" and _key(url) in r[1]]
+        puts = [_untagged(r[1].rsplit("/", 1)[1]) for r in server.requests if r[0] == "PUT" and _key(url) in r[1]]
         assert puts == [*names, "index.json"], "index.json must go up last, after every shard it names"
     finally:
         ds.close()
@@ -449,6 +457,78 @@ def test_sharded_create_to_s3_replaces_only_with_mode_w(server: S3Server, tmp_pa
         for i in loc.ids:
             _same(ds.nums[i], loc.nums[i], f"nums[{i}]")
     assert not list(tmpdir_env.iterdir())
+
+
+def test_two_publishers_to_one_url_never_mix_their_shards(server: S3Server, tmp_path: Path) -> None:
+    """Two pushes of different datasets to one URL at once (slow PUTs, so they overlap): one
+    manifest wins, it names only its own upload's shards and opens equal to its dataset; the
+    other push is refused and removes its shards. (Shards used to go up under fixed names: the
+    second push replaced the first one's shards under its published manifest.)"""
+    from h5store.shards import push_sharded
+
+    folders = []
+    for k in range(2):
+        folder = tmp_path / f"ds{k}"
+        Pub.create(folder, _sources(tmp_path / f"src{k}", n=20, seed=k), shard_size=10, n_workers=1,
+                   progress=False).close()
+        folders.append(folder)
+    url = _url("ds").rpartition("/")[0] + "/ds"
+    server.put_delay_s = 0.3
+    outcome: dict[int, Any] = {}
+
+    def push(k: int) -> None:
+        try:
+            outcome[k] = push_sharded(folders[k], url)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            outcome[k] = e
+
+    threads = [threading.Thread(target=push, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    server.put_delay_s = 0.0
+    won = [k for k in range(2) if not isinstance(outcome[k], Exception)]
+    assert len(won) == 1, outcome
+    lost = outcome[1 - won[0]]
+    assert isinstance(lost, TargetExistsError) and "appeared while this upload ran" in str(lost)
+    assert _keys(server, url) == ["index.json", "shard-00000-of-00002.h5", "shard-00001-of-00002.h5"]
+    with h5s.open(f"{url}/index.json") as ds, h5s.open(folders[won[0]]) as loc:
+        assert list(ds.ids) == list(loc.ids)
+        for i in loc.ids:
+            _same(ds.nums[i], loc.nums[i], f"nums[{i}]")
+
+
+def test_a_replacement_leaves_the_old_dataset_whole_until_the_new_manifest(server: S3Server,
+                                                                           tmp_path: Path) -> None:
+    """While a sharded dataset is replaced (slow PUTs), every open in the meantime gets the old
+    dataset or the new one, whole: never a missing manifest or a mix of shards."""
+    from h5store.shards import push_sharded
+
+    old_f, new_f = tmp_path / "old", tmp_path / "new"
+    Pub.create(old_f, _sources(tmp_path / "s0", n=20, seed=0), shard_size=10, n_workers=1, progress=False).close()
+    Pub.create(new_f, _sources(tmp_path / "s1", n=30, seed=1), shard_size=10, n_workers=1, progress=False).close()
+    url = _url("ds").rpartition("/")[0] + "/ds"
+    push_sharded(old_f, url)
+    with h5s.open(old_f) as a, h5s.open(new_f) as b:
+        want = {len(a): list(a.ids), len(b): list(b.ids)}
+    server.put_delay_s = 0.2
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (push_sharded(new_f, url, overwrite=True), done.set()))
+    t.start()
+    seen = []
+    try:
+        while not done.is_set() and t.is_alive():
+            with h5s.open(f"{url}/index.json") as ds:
+                assert list(ds.ids) == want[len(ds)]
+                seen.append(len(ds))
+    finally:
+        t.join(60)
+        server.put_delay_s = 0.0
+    assert done.is_set() and seen and seen[0] == 20, seen
+    with h5s.open(f"{url}/index.json") as ds:
+        assert list(ds.ids) == want[30]
+    assert _keys(server, url) == ["index.json", *[f"shard-0000{k}-of-00003.h5" for k in range(3)]]
 
 
 def test_a_failed_sharded_upload_keeps_the_build_for_push(server: S3Server, tmp_path: Path, tmpdir_env: Path,
