@@ -252,21 +252,35 @@ class Column(ColumnWrites):
 
     @property
     def index(self) -> np.ndarray:
-        """``(N, 2)`` int64 ``[start, stop)`` per item, validated once when first read."""
+        """``(N, 2)`` int64 ``[start, stop)`` per item, validated once when first read (with the
+        checksums: an item the index marks absent must have none)."""
         if self._index is None:
             idx = self._read_table("_index_ds", "index", self._items)
             self._validate_index(idx)
-            self._index = idx
+            c = self._checksum if self._checksum is not None else self._read_table("_checksum_ds", "checksum", self._items)
+            self._check_absent(idx, c)
+            self._index, self._checksum = idx, c
         return self._index
 
     @property
     def checksums(self) -> np.ndarray:
-        if self._checksum is None:
+        idx = self.index  # reads the checksums with it
+        if self._checksum is None:  # an index adopted without them
             c = self._read_table("_checksum_ds", "checksum", self._items)
-            if len(c) != len(self.index):
-                raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(self.index)}")
+            self._check_absent(idx, c)
             self._checksum = c
         return self._checksum
+
+    def _check_absent(self, idx: np.ndarray, c: np.ndarray) -> None:
+        # An index row damaged into [-1, -1] would make a stored item look absent: every read,
+        # iteration and served epoch would leave it out without an error. Its CRC-32 says it is not.
+        if len(c) != len(idx):
+            raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(idx)}")
+        stray = (idx[:, 0] == ABSENT) & (c != 0)
+        if stray.any():
+            row = int(np.argmax(stray))
+            raise CorruptRecordError(f"{self.where}: index row {row} marks the item absent but its checksum is "
+                                     f"{int(c[row])}: the index or the checksum is damaged")
 
     @property
     def frames(self) -> np.ndarray:

@@ -237,6 +237,24 @@ def test_blob_item_emptied_by_damage_is_refused_on_every_read(store: tuple[Path,
     assert {p.id for p in verify(path, deep=True).problems} == {"c4"}
 
 
+def test_item_marked_absent_by_damage_is_refused_not_skipped(store: tuple[Path, Expected]) -> None:
+    """Damage that turns a present item's index row into ``[-1, -1]`` (an erased flash page
+    reads as 0xff) while its checksum row still holds its CRC-32: reads must not treat the
+    item as absent (iteration, ``get``, ``present`` and serving would leave it out silently)."""
+    path, expected = store
+    edit(path, "mel/index", 5, [-1, -1])
+    for opener in (Clip, h5s.open):
+        with opener(path) as f:
+            for read in (lambda: f.mel["c5"], lambda: f.mel.present, lambda: list(f.mel), lambda: f.get("c6"),
+                         lambda: list(f.iter_batches(dict(x=h5s.Item("mel")), batch_size=4))):
+                with pytest.raises(h5s.CorruptRecordError, match=r"clip\.h5:/mel: index row 5 marks the item absent"):
+                    read()
+            assert same(f.text["c5"], expected[("", "text")]["c5"])  # other features read as before
+            with pytest.raises(h5s.NotFound):
+                f.text["c3"]  # truly absent: checksum 0
+    assert [(p.feature, p.id) for p in verify(path).problems] == [("mel", "c5")]
+
+
 def f_size(path: Path) -> int:
     with h5py.File(path, "r", locking=False) as f:
         return int(f["frames/data"].shape[0])
