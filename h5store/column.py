@@ -156,6 +156,7 @@ class Column(ColumnWrites):
         self._index: np.ndarray | None = None
         self._checksum: np.ndarray | None = None
         self._frames: np.ndarray | None = None
+        self._ok: np.ndarray | None = None  # a reader's items whose whole bytes passed their CRC-32
         self._reader: Reader | None = None
         self._reader_pid = -1
         # writer state
@@ -252,21 +253,35 @@ class Column(ColumnWrites):
 
     @property
     def index(self) -> np.ndarray:
-        """``(N, 2)`` int64 ``[start, stop)`` per item, validated once when first read."""
+        """``(N, 2)`` int64 ``[start, stop)`` per item, validated once when first read (with the
+        checksums: an item the index marks absent must have none)."""
         if self._index is None:
             idx = self._read_table("_index_ds", "index", self._items)
             self._validate_index(idx)
-            self._index = idx
+            c = self._checksum if self._checksum is not None else self._read_table("_checksum_ds", "checksum", self._items)
+            self._check_absent(idx, c)
+            self._index, self._checksum = idx, c
         return self._index
 
     @property
     def checksums(self) -> np.ndarray:
-        if self._checksum is None:
+        idx = self.index  # reads the checksums with it
+        if self._checksum is None:  # an index adopted without them
             c = self._read_table("_checksum_ds", "checksum", self._items)
-            if len(c) != len(self.index):
-                raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(self.index)}")
+            self._check_absent(idx, c)
             self._checksum = c
         return self._checksum
+
+    def _check_absent(self, idx: np.ndarray, c: np.ndarray) -> None:
+        # An index row damaged into [-1, -1] would make a stored item look absent: every read,
+        # iteration and served epoch would leave it out without an error. Its CRC-32 says it is not.
+        if len(c) != len(idx):
+            raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(idx)}")
+        stray = (idx[:, 0] == ABSENT) & (c != 0)
+        if stray.any():
+            row = int(np.argmax(stray))
+            raise CorruptRecordError(f"{self.where}: index row {row} marks the item absent but its checksum is "
+                                     f"{int(c[row])}: the index or the checksum is damaged")
 
     @property
     def frames(self) -> np.ndarray:
@@ -389,8 +404,8 @@ class Column(ColumnWrites):
         return self.reader().max_gap
 
     def read_blobs(self, row: int, first: int, stop: int) -> list[np.ndarray]:
-        """Blobs ``first..stop-1`` of the item at ``row`` (only their bytes are read; a whole
-        item's CRC-32 is checked): :meth:`read_blob_spans` for one item."""
+        """Blobs ``first..stop-1`` of the item at ``row`` (only their bytes are read once the
+        whole item's CRC-32 was checked): :meth:`read_blob_spans` for one item."""
         return self.read_blob_spans(np.array([row]), np.array([first]), np.array([stop]))[0]
 
     def read_blob_spans(self, rows: np.ndarray, first: np.ndarray, stop: np.ndarray,
@@ -401,8 +416,10 @@ class Column(ColumnWrites):
         join: they are cut out of one read) with a few numpy calls, one planned read of every
         span's bytes (neighbouring spans joined), and Python only to cut the blobs out. A reader
         thread holds the GIL for microseconds per clip, not for a dozen numpy calls per clip.
-        With ``verify``, a span that is a whole item is checked against its CRC-32 (a part of
-        one cannot be); serving passes False and applies its own ``verify=`` policy.
+        With ``verify``, a span that is a whole item is checked against its CRC-32; a part of
+        one cannot be, so the first part read of an item reads and checks the whole item
+        (remembered per process by a reader). Serving passes False and applies its own
+        ``verify=`` policy.
         """
         rows = np.asarray(rows, dtype=np.int64)
         first = np.asarray(first, dtype=np.int64)
@@ -419,6 +436,22 @@ class Column(ColumnWrites):
         count = stop - first
         total = int(count.sum())
         whole = (first == 0) & (stop == n) if verify else np.zeros(len(rows), bool)
+        part = ~whole & (count > 0) if verify else whole
+        if part.any():
+            part &= ~self._checked(rows)
+        if part.any():
+            # A part of an item cannot be checked against its CRC-32: the first time a part of
+            # an item is read (by a reader; every time by a writer), the whole item is read and
+            # checked, as serving does, and the part cut out of it.
+            out: list[list[np.ndarray]] = [[] for _ in range(len(rows))]
+            full = self.read_blob_spans(rows[part], np.zeros(int(part.sum()), np.int64), n[part])
+            for j, blobs in zip(np.flatnonzero(part).tolist(), full):
+                out[j] = blobs[int(first[j]) : int(stop[j])]
+            rest = np.flatnonzero(~part)
+            if len(rest):
+                for j, blobs in zip(rest.tolist(), self.read_blob_spans(rows[rest], first[rest], stop[rest])):
+                    out[j] = blobs
+            return out
         if not total:
             if whole.any():  # empty whole items: an index emptied by damage fails their CRC-32
                 self.verify(rows[whole], [np.zeros(0, np.uint8)] * int(whole.sum()))
@@ -460,3 +493,20 @@ class Column(ColumnWrites):
         for r, p, c in zip(rows.tolist(), parts, expect.tolist()):
             if crc32(np.ascontiguousarray(p)) != c:
                 raise CorruptRecordError(f"{self.where}: item at row {r} fails its checksum")
+        if not self.writable:
+            self._checked(rows[:0])
+            assert self._ok is not None
+            self._ok[rows] = True
+
+    def _checked(self, rows: np.ndarray) -> np.ndarray:
+        """Bool per row: its whole item passed its CRC-32 in this process (a writer: never
+        remembered, its items can be overwritten). A reader's committed items never change."""
+        if self.writable:
+            return np.zeros(len(rows), bool)
+        n = len(self.index)
+        if self._ok is None or len(self._ok) < n:
+            ok = np.zeros(n, bool)
+            if self._ok is not None:
+                ok[: len(self._ok)] = self._ok
+            self._ok = ok
+        return self._ok[rows]

@@ -237,6 +237,49 @@ def test_blob_item_emptied_by_damage_is_refused_on_every_read(store: tuple[Path,
     assert {p.id for p in verify(path, deep=True).problems} == {"c4"}
 
 
+def test_a_part_of_a_damaged_blob_item_is_refused(store: tuple[Path, Expected]) -> None:
+    """A byte flipped in c5's second blob: reading just that blob (``frames(id)[k]``,
+    ``blobs(id, a, b)``) must not return it unchecked. The first part read of an item reads and
+    checks the whole item (once per process); an intact item's parts still read as stored."""
+    path, expected = store
+    with h5py.File(path, "r", locking=False) as f:
+        a, _ = f["frames/index"][5]
+        start = int(f["frames/frames"][a + 1][0])
+    offset, _ = used_ranges(path)["frames/data"][0]
+    with open(path, "r+b") as fh:
+        fh.seek(offset + start)
+        byte = fh.read(1)[0]
+        fh.seek(offset + start)
+        fh.write(bytes([byte ^ 0x40]))
+    with Clip(path) as f:
+        for read in (lambda: f.frames.frames("c5", encoded=True)[1], lambda: f.frames.blobs("c5", 1, 2),
+                     lambda: f.frames.frames("c5", encoded=True)[0:1]):
+            with pytest.raises(h5s.CorruptRecordError, match="row 5 fails its checksum"):
+                read()
+        want = expected[("", "frames")]["c8"]
+        for _ in range(2):  # checked the first time, read from its own bytes after
+            assert f.frames.frames("c8", encoded=True)[1] == want[1]
+            assert [bytes(b) for b in f.frames.blobs("c8", 1)] == want[1:]
+
+
+def test_item_marked_absent_by_damage_is_refused_not_skipped(store: tuple[Path, Expected]) -> None:
+    """Damage that turns a present item's index row into ``[-1, -1]`` (an erased flash page
+    reads as 0xff) while its checksum row still holds its CRC-32: reads must not treat the
+    item as absent (iteration, ``get``, ``present`` and serving would leave it out silently)."""
+    path, expected = store
+    edit(path, "mel/index", 5, [-1, -1])
+    for opener in (Clip, h5s.open):
+        with opener(path) as f:
+            for read in (lambda: f.mel["c5"], lambda: f.mel.present, lambda: list(f.mel), lambda: f.get("c6"),
+                         lambda: list(f.iter_batches(dict(x=h5s.Item("mel")), batch_size=4))):
+                with pytest.raises(h5s.CorruptRecordError, match=r"clip\.h5:/mel: index row 5 marks the item absent"):
+                    read()
+            assert same(f.text["c5"], expected[("", "text")]["c5"])  # other features read as before
+            with pytest.raises(h5s.NotFound):
+                f.text["c3"]  # truly absent: checksum 0
+    assert [(p.feature, p.id) for p in verify(path).problems] == [("mel", "c5")]
+
+
 def f_size(path: Path) -> int:
     with h5py.File(path, "r", locking=False) as f:
         return int(f["frames/data"].shape[0])

@@ -299,3 +299,30 @@ def test_a_fileset_unpickled_after_its_loader_is_gone_checks_again(clean):
     want = _items(clean)
     assert all(np.array_equal(x[p, :n], want[p]) for p, n in enumerate(lengths.tolist()))
     assert orphan._done("mel").all()
+
+
+@pytest.mark.filterwarnings("default::h5store.serving.CorruptRecordWarning")
+@pytest.mark.parametrize("getter", [h5s.Frames("mel", 5), h5s.Window("mel", 5, pad="skip"),
+                                    h5s.Clips("mel", 5, pad="skip")], ids=["Frames", "Window", "Clips"])
+def test_an_item_damage_made_too_short_is_not_left_out_unseen(clean, tmp_path, getter):
+    """Index damage that shortens an item below a window's length (here to one row) makes the
+    getter leave it out of the dataset: it is never read, so no CRC-32 would ever see it.
+    Items left out for their length are checked when the dataset is made; those truly short
+    pass."""
+    lengths = Speech(clean).mel.lengths
+    assert lengths[BAD] >= 5 and (lengths < 5).any()  # one item damaged; others left out rightly
+    path = tmp_path / "short.h5"
+    shutil.copy(clean, path)
+    with h5py.File(path, "r+", locking=False) as f:
+        a, _ = f["mel/index"][BAD]
+        f["mel/index"][BAD] = (a, a + 1)
+    batch = dict(x=getter, pos=h5s.Position())
+    with pytest.raises(CorruptRecordError) as e:
+        list(Speech(path).iter_batches(batch, batch_size=8))
+    names_it(e, path)
+    with pytest.warns(CorruptRecordWarning, match=f"id{BAD:05d}"):
+        it = Speech(path).iter_batches(batch, batch_size=8, verify="skip")
+    assert BAD not in [p for b in it for p in b["pos"].tolist()]
+    assert it.dataset.skipped == [f"id{BAD:05d}"]
+    served = {p for b in Speech(clean).iter_batches(batch, batch_size=8) for p in b["pos"].tolist()}
+    assert served == set(np.flatnonzero(lengths >= 5).tolist())

@@ -173,6 +173,7 @@ class FileDataset:
                 raise IndexError(f"{self.files.where()}: items must be positions in [0, {n_items})")
         counts = None
         expanding = None
+        by_length: list[tuple[Getter, np.ndarray]] = []
         for key, g in self.getters.items():
             c = g.counts(self.files, self.params)
             if c is None:
@@ -180,6 +181,8 @@ class FileDataset:
             c = np.asarray(c, dtype=_I64)
             if c.shape != (n_items,):
                 raise SchemaError(f"batch[{key!r}]: counts() returned shape {c.shape}, expected ({n_items},)")
+            if _builtin(g):  # Window, Frames, Clips: items too short for them make no example
+                by_length.append((g, c))
             if c.size and c.max() > 1:
                 if expanding is not None and not np.array_equal(c, expanding[1]):
                     raise SchemaError(
@@ -189,6 +192,8 @@ class FileDataset:
                 expanding = (key, c)
             counts = c if counts is None else np.where(counts > 0, np.maximum(counts, c), 0) * (c > 0)
         all_items = base if base is not None else np.arange(n_items, dtype=_I64)
+        if self.verify:
+            self._check_left_out(all_items, by_length)
         if counts is not None:
             c = counts[all_items]
             if expanding is None:  # only filters: keep the items with one example
@@ -204,6 +209,32 @@ class FileDataset:
         self._per: np.ndarray | None = per
         served = base if base is not None else np.arange(n_items, dtype=_I64)
         self.files.check_present(self.features, served)
+
+    def _check_left_out(self, items: np.ndarray, by_length: list[tuple[Getter, np.ndarray]]) -> None:
+        """Check the whole of the ``items`` a getter leaves out for their length: an index damaged
+        into a shorter item would otherwise drop it from every epoch without any check."""
+        for g, c in by_length:
+            out = items[c[items] == 0]
+            for ref in g.features:
+                name = split_name(ref)[1]
+                self.files.check_whole(name, out[self.files.present(name)[out]])
+        if self._skipped is not None:
+            self._leave_out(self.files.failed)
+            self.files.failed = []
+
+    def _leave_out(self, failed: list[tuple[int, str]]) -> None:
+        """verify="skip": flag items found damaged (shared with every worker), warning once each."""
+        assert self._skipped is not None
+        flags = self._skipped.array
+        for position, name in failed:
+            if not flags[position]:
+                self._skipped.set(position)
+                warnings.warn(
+                    f"{self.files.files[0].path if len(self.files.files) == 1 else self.files.where()}: "
+                    f"left out item {self.files.id(position)!r} (position {position}): its {name!r} fails "
+                    "its CRC-32 check (verify='skip'; see dataset.skipped)",
+                    CorruptRecordWarning, stacklevel=5,
+                )
 
     # -- size and lookup ---------------------------------------------------------------
     def __len__(self) -> int:
@@ -360,15 +391,7 @@ class FileDataset:
             reset = getattr(self.files.alloc, "reset", None)
             if reset is not None:
                 reset()  # the batch is read again, without them
-            for position, name in failed:
-                if not flags[position]:
-                    self._skipped.set(position)
-                    warnings.warn(
-                        f"{self.files.files[0].path if len(self.files.files) == 1 else self.files.where()}: "
-                        f"left out item {self.files.id(position)!r} (position {position}): its {name!r} fails "
-                        "its CRC-32 check (verify='skip'; see dataset.skipped)",
-                        CorruptRecordWarning, stacklevel=4,
-                    )
+            self._leave_out(failed)
             self.files.failed = []
 
     @property
