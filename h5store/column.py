@@ -259,6 +259,12 @@ class Column(ColumnWrites):
             idx = self._read_table("_index_ds", "index", self._items)
             self._validate_index(idx)
             c = self._checksum if self._checksum is not None else self._read_table("_checksum_ds", "checksum", self._items)
+            if self._stray(idx, c).any() and self._checksum is None:
+                # A writer may have filled an absent item between the two reads (it writes the
+                # index row first, then the checksum): read both again before calling it damage.
+                idx = self._read_table("_index_ds", "index", self._items)
+                self._validate_index(idx)
+                c = self._read_table("_checksum_ds", "checksum", self._items)
             self._check_absent(idx, c)
             self._index, self._checksum = idx, c
         return self._index
@@ -272,12 +278,19 @@ class Column(ColumnWrites):
             self._checksum = c
         return self._checksum
 
+    @staticmethod
+    def _stray(idx: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Rows the index marks absent that have a CRC-32 (an absent item's is 0)."""
+        if len(c) != len(idx):
+            return np.zeros(0, bool)
+        return (idx[:, 0] == ABSENT) & (c != 0)
+
     def _check_absent(self, idx: np.ndarray, c: np.ndarray) -> None:
         # An index row damaged into [-1, -1] would make a stored item look absent: every read,
         # iteration and served epoch would leave it out without an error. Its CRC-32 says it is not.
         if len(c) != len(idx):
             raise CorruptRecordError(f"{self.where}: checksum has {len(c)} rows, index {len(idx)}")
-        stray = (idx[:, 0] == ABSENT) & (c != 0)
+        stray = self._stray(idx, c)
         if stray.any():
             row = int(np.argmax(stray))
             raise CorruptRecordError(f"{self.where}: index row {row} marks the item absent but its checksum is "
