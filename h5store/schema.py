@@ -660,11 +660,15 @@ class Schema:
         for g, feats in d.get("groups", {}).items():
             groups[g] = {}
             for n, entry in feats.items():
-                ftype = _REGISTRY.get(entry.get("type"), Feature)
+                known = _REGISTRY.get(entry.get("type"))
+                ftype = known or Feature
                 try:
-                    groups[g][n] = ftype.from_params(entry.get("params", {}))
+                    feat = ftype.from_params(entry.get("params", {}))
                 except (TypeError, ValueError) as e:
                     raise SchemaError(f"{g or '/'}{'/' if g else ''}{n}: stored parameters rejected ({e})") from None
+                if known is None:  # what the file says it is, for comparisons with the class's schema
+                    object.__setattr__(feat, "stored_as", (str(entry.get("type")), dict(entry.get("params", {}))))
+                groups[g][n] = feat
         return cls(str(d.get("class", "H5File")), groups)
 
     @classmethod

@@ -701,7 +701,7 @@ class ShardedVerifyReport:
 
 def verify_sharded(path: str | os.PathLike[str], deep: bool = True, max_errors: int = 1000) -> ShardedVerifyReport:
     """Check a local sharded dataset: every shard against the manifest (present, byte size,
-    CRC-32 of the whole file, item count, schema) and with :func:`h5store.integrity.verify`.
+    CRC-32 of the whole file, item count, first and last ids, schema) and with :func:`h5store.integrity.verify`.
 
     Examples
     --------
@@ -733,8 +733,13 @@ def verify_sharded(path: str | os.PathLike[str], deep: bool = True, max_errors: 
                 import importlib
 
                 with importlib.import_module("h5store.typed_file").open(sp) as f:
-                    if len(f) != e["items"]:
-                        report.problems.append(f"{sp}: holds {len(f)} items, the manifest records {e['items']}")
+                    n = len(f)
+                    if n != e["items"]:
+                        report.problems.append(f"{sp}: holds {n} items, the manifest records {e['items']}")
+                    ends = (f.ids[0], f.ids[n - 1]) if n else (None, None)
+                    if ends != (e.get("first"), e.get("last")):
+                        report.problems.append(f"{sp}: its ids run {ends[0]!r}..{ends[1]!r}, the manifest records "
+                                               f"{e.get('first')!r}..{e.get('last')!r}: the shard is from another build")
                     if schema_hash(f.file_schema) != manifest.get("schema_hash"):
                         report.problems.append(f"{sp}: its schema is not the dataset's (built with other features)")
     return report

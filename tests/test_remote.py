@@ -805,7 +805,9 @@ def test_5xx_is_retried(mixed: tuple[Path, str], server: S3Server) -> None:
 
 def test_lasting_5xx_fails_in_bounded_time(mixed: tuple[Path, str], server: S3Server) -> None:
     _, url = mixed
-    with h5s.open(url, retries=2, retry_timeout=3) as rem:
+    # retry_timeout bounds the open's HEAD too: 3 s was once not enough for a fresh client's
+    # first answer on a loaded 2-core machine (FSTimeoutError before any 503 was injected).
+    with h5s.open(url, retries=2, retry_timeout=8) as rem:
         server.fail_status, server.fail_count = 503, 1000
         t = time.monotonic()
         with pytest.raises(RemoteError, match=r"s3://.*failed after 2 retries"):

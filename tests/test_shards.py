@@ -19,7 +19,7 @@ import pytest
 
 import h5store as h5s
 from h5store.ingest import stored_failures
-from h5store.shards import file_crc32, read_manifest
+from h5store.shards import file_crc32, read_manifest, verify_sharded
 from tests.ingest_schemas import LabeledNums, Nums
 from tests.test_ingest import write_corpus
 
@@ -331,6 +331,24 @@ def test_open_refuses_a_shard_of_another_build_of_the_same_size(built, tmp_path)
         assert len(f) == len(ids) and list(f.ids) != ids  # same count, other items
     with pytest.raises(h5s.FormatError, match=r"shard-00002-of-00004\.h5: its ids run .* the manifest records"):
         h5s.open(out)
+    problems = verify_sharded(out, deep=False).problems  # --quick reads no bytes: the ids tell
+    assert any("shard-00002-of-00004.h5: its ids run" in p for p in problems), problems
+
+
+def test_a_process_without_the_schema_class_opens_and_describes_shards(built):
+    """The manifest's schema hash was computed from the class's schema: a process that has not
+    imported the class (the CLI, a notebook) read a custom feature as a plain Feature, got another
+    hash and refused every shard ("its schema ... is not the dataset's"): `h5store info` failed on
+    any sharded dataset with a feature type of the user's own."""
+    out, _, one = built
+    code = ("import sys, h5store as h5s; ds = h5s.open(sys.argv[1]); "
+            "assert 'tests.ingest_schemas' not in sys.modules; print(len(ds)); print(ds.ids[0])")
+    got = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines() == [str(len(one)), one.ids[0]]
+    info = subprocess.run([sys.executable, "-m", "h5store.cli", "info", str(out)], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert info.returncode == 0 and "sharded: 4 shards" in info.stdout, info.stderr
 
 
 def test_open_refuses_a_bad_manifest(built):

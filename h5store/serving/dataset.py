@@ -353,10 +353,17 @@ class FileDataset:
         items, subs = self.locate(idx)
         if idx.size and idx.min() < 0:
             idx = np.where(idx < 0, idx + len(self), idx)
-        if self._skipped is not None:
-            batch, ragged = self._fetch_skipping(idx, items, subs, int(epoch))
-        else:
-            batch, ragged = self._read(idx, items, subs, int(epoch))
+        self.files.changed(items)  # a file changed on disk: its items are checked again
+        for attempt in range(2):
+            if self._skipped is not None:
+                batch, ragged = self._fetch_skipping(idx, items, subs, int(epoch))
+            else:
+                batch, ragged = self._read(idx, items, subs, int(epoch))
+            # Changed while the batch was read: read it once more, each item checked as it is read.
+            if attempt or not self.files.changed(items):
+                break
+            if reset is not None:
+                reset()
         carried = getattr(indices, "transform", None)  # (version, transform) sent with the indices
         if carried is not None and carried[0] > self._transform_version:
             self._transform_version, self._transform = carried

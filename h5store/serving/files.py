@@ -94,6 +94,11 @@ class FileSet:
         # moved to the path: a create(mode="w"), an atomic rename) raises instead of reading
         # its bytes through these tables (and the shared "checked" flags of the old file).
         self._ident: list[tuple[int, int] | None] = [None] * len(self.files)
+        # os.stat of each local file when its tables were read (device, inode, size, mtime,
+        # ctime), carried to workers: a file rewritten in place under the same inode (`cp`,
+        # h5py.File(path, "w")) changes it, and the items checked before are checked again.
+        self._stamps: list[tuple[int, ...] | None] = [None] * len(self.files)
+        self._rewritten: set[int] = set()  # files seen changing in this process (for messages)
         self.alloc = np.empty
 
     def __getstate__(self) -> dict[str, Any]:
@@ -260,8 +265,51 @@ class FileSet:
                 "through the old file's index. Serve it again (a new loader)"
             )
 
+    def _stamp(self, k: int) -> tuple[int, ...] | None:
+        if getattr(getattr(self.files[k], "_handle", None), "remote", False):
+            return None
+        try:
+            st = os.stat(self.files[k].path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def watch(self) -> None:
+        """Note each local file's state (os.stat) now, when its tables are read, unless noted."""
+        for k in range(len(self.files)):
+            if self._stamps[k] is None:
+                self._stamps[k] = self._stamp(k)
+
+    def changed(self, items: np.ndarray) -> bool:
+        """Whether a file of ``items`` changed on disk since its state was noted (then noted anew).
+
+        A change (a writer's commit, or a file rewritten in place) forgets which of that file's
+        items passed their CRC-32, so each is checked again the next time it is served:
+        committed items never change, so a writer's commit costs only the checks again, while
+        another file's bytes read through this loader's tables fail them instead of being served.
+        Two ``os.stat`` calls a batch per file (``FileDataset`` calls it before and after a read).
+        """
+        if not self.verify:
+            return False
+        ks = range(len(self.files)) if len(self.files) == 1 else np.unique(self.file_of(items)).tolist()
+        found = False
+        for k in ks:
+            now = self._stamp(k)
+            was = self._stamps[k]
+            if was is None:
+                self._stamps[k] = now
+            elif now != was:
+                self._stamps[k] = now
+                self._rewritten.add(k)
+                a, b = int(self.starts[k]), int(self.starts[k + 1])
+                for name in self._checked:
+                    self._done(name)[a:b] = False
+                found = True
+        return found
+
     def pin(self, names: Sequence[str]) -> None:
         """Load the tables of ``names`` now, in this process (workers then never read them)."""
+        self.watch()
         for name in names:
             self.index(name)
             if self.verify:
@@ -473,11 +521,18 @@ class FileSet:
         k = int(self.file_of(np.array([position]))[0])
         g = f"/{self.group}" if self.group else ""
         path = self.files[k].path
-        message = (
-            f"{path}:{g}/{name}: item {self.id(position)!r} (position {position}) fails its CRC-32 check: "
-            f"its stored bytes are damaged. `h5store verify {path}` lists every damaged record; serve with "
-            "verify='skip' to leave damaged items out (reported), or verify=False to deliver them unchecked"
-        )
+        if k in self._rewritten:
+            message = (
+                f"{path}:{g}/{name}: item {self.id(position)!r} (position {position}) fails its CRC-32 check "
+                f"after {path} changed on disk while served: was the file rewritten in place (cp, h5py.File(path, "
+                "'w'))? Replace a served file by renaming a new one over it, and serve it again (a new loader)"
+            )
+        else:
+            message = (
+                f"{path}:{g}/{name}: item {self.id(position)!r} (position {position}) fails its CRC-32 check: "
+                f"its stored bytes are damaged. `h5store verify {path}` lists every damaged record; serve with "
+                "verify='skip' to leave damaged items out (reported), or verify=False to deliver them unchecked"
+            )
         if self.verify != "skip":
             raise CorruptRecordError(message)
         self.failed.append((position, name))

@@ -189,7 +189,12 @@ def schema_hash(schema: Any) -> str:
     >>> schema_hash(h5s.open("a.h5").file_schema)[:12]  # doctest: +SKIP
     '3f1c0a9b7d2e'
     """
-    spec = [[g, name, feat.type_name, {k: v for k, v in feat.params().items() if k not in _STORAGE_PARAMS}]
-            for g, feats in sorted(schema.groups.items()) for name, feat in sorted(feats.items())]
+    spec = []
+    for g, feats in sorted(schema.groups.items()):
+        for name, feat in sorted(feats.items()):
+            # A feature of a class not imported here reads as a plain Feature: its stored type
+            # and parameters are what the class wrote, so the hash is the same with or without it.
+            type_name, params = getattr(feat, "stored_as", None) or (feat.type_name, feat.params())
+            spec.append([g, name, type_name, {k: v for k, v in params.items() if k not in _STORAGE_PARAMS}])
     text = json.dumps(spec, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
