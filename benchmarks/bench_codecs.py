@@ -13,7 +13,7 @@ rounds, with the same getter, batch size and worker count:
 
 Data: log-mels (80 bands, 16 kHz, hop 160, n_fft 512, librosa) of synthetic speech-like
 audio (a harmonic source with a gliding pitch through three moving formants, syllable-rate
-envelope, pauses and a little noise; items are crops of 40 such utterances (12 with ``--quick``), each with its
+envelope, pauses and a little noise; items are crops of 40 such utterances (4 with ``--quick``), each with its
 own level and spectral tilt), rounded to float16 precision and stored as float32: what a
 pipeline that keeps half-precision features produces. Full float32 mantissas
 compress ~1.2x with any lossless codec (reported too); the file sizes table gives both.
@@ -95,7 +95,11 @@ class Config:
     quick: bool = False
 
 
-QUICK = Config(n_items=120, repeat=1, min_batches=8, min_seconds=0.05, max_seconds=0.3, quick=True)
+# The smoke run (tests/test_benchmarks_smoke.py): every block and pipeline, tiny: 40 items (crops
+# of 4 utterances), one timed run each and no warm-up (C.rounds), no settling pause, and no
+# garbage collection after each loader (0.3 s each with torch loaded; the workers are stopped
+# explicitly all the same).
+QUICK = Config(n_items=40, repeat=1, min_batches=2, min_seconds=0.0, max_seconds=0.3, quick=True)
 
 
 # --------------------------------------------------------------------------- data
@@ -151,11 +155,12 @@ def real_frames(batch: dict[str, Any]) -> tuple[int, int]:
     return int(x.shape[0]), frames * ROW
 
 
-def shutdown(loader: Any) -> None:
+def shutdown(loader: Any, collect: bool = True) -> None:
     it = getattr(loader, "_iterator", None)
     if it is not None and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()
-    gc.collect()
+    if collect:
+        gc.collect()
 
 
 def getter(kind: str, feature: str) -> Any:
@@ -189,7 +194,7 @@ def block(f: Any, kind: str, how: str, feats: list[str], cfg: Config, serial: bo
                                        min_batches=cfg.min_batches, started=iter(ld), size=real_frames)
             finally:
                 set_decode_threads(None)
-            if getattr(ld, "num_workers", 0):
+            if getattr(ld, "num_workers", 0) and not cfg.quick:
                 time.sleep(SETTLE_SECONDS)
             return r
 
@@ -199,10 +204,10 @@ def block(f: Any, kind: str, how: str, feats: list[str], cfg: Config, serial: bo
     if serial:
         runs["mel_zstd/1 thread"] = runner("mel_zstd/1 thread", "mel_zstd", 1)
     try:
-        return C.rounds(runs, cfg.repeat, f"{kind} {how}")
+        return C.rounds(runs, cfg.repeat, f"{kind} {how}", warm_up=not cfg.quick)
     finally:
         for ld in loaders.values():
-            shutdown(ld)
+            shutdown(ld, collect=not cfg.quick)
 
 
 def sizes(path: str, raw_bytes: int, full_path: str | None) -> list[list[str]]:
@@ -231,8 +236,8 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
            "(`min(4, os.cpu_count())`).", "", C.load_note(res["load"]), "",
            f"Reproduce: `{cmd}` (run twice for this section: both runs are below).", "",
            res["data_note"], "",
-           "Each figure is the best of the timed runs of a pipeline (interleaved rounds, one untimed warm-up "
-           "each); vs U is the ratio to the uncompressed feature of the same file, same getter, batch and "
+           "Each figure is the best of the timed runs of a pipeline (interleaved rounds, "
+           f"{'no warm-up: --quick' if cfg.quick else 'one untimed warm-up each'}); vs U is the ratio to the uncompressed feature of the same file, same getter, batch and "
            "workers, in the same rounds. Payload counts real frames (no padding).", ""]
     out += ["### File size", "",
             C.md_table(["feature", "stored MB", "ratio (float16-precision mels)", "size vs gzip",

@@ -1,6 +1,6 @@
 """Cold-cache serving (issue 13, point 6): h5store's rate from disk against the disk's own limit.
 
-A file of ~1 GiB (``--quick``: 64 MiB) of mel items (100-600 frames x 80 float32) is evicted
+A file of ~1 GiB (``--quick``: 16 MiB) of mel items (100-600 frames x 80 float32) is evicted
 from the page cache (``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)``) before every timed
 run. Each round times, in this order, after an eviction each:
 
@@ -52,9 +52,12 @@ class Config:
     repeat: int = 3
     max_seconds: float = 15.0
     workers: tuple[int, ...] = (0, 2)
+    quick: bool = False
 
 
-QUICK = Config(target_bytes=64 << 20, repeat=1, max_seconds=5.0)
+# The smoke run (tests/test_benchmarks_smoke.py): every pipeline on a small file, one timed run of
+# each without a warm-up (C.rounds).
+QUICK = Config(target_bytes=16 << 20, repeat=1, max_seconds=5.0, quick=True)
 
 
 # --------------------------------------------------------------------------- page cache
@@ -183,7 +186,7 @@ def measure(path: Path, cfg: Config, residual: list[float]) -> dict[str, C.Timin
     # (a VM's host) reads faster the second time, and this shows by how much.
     runs["sequential read, end of round"] = run_seq
     try:
-        return C.rounds(runs, cfg.repeat, "cold")
+        return C.rounds(runs, cfg.repeat, "cold", warm_up=not cfg.quick)
     finally:
         for lo in loaders.values():
             it = getattr(lo, "_iterator", None)

@@ -81,10 +81,13 @@ class Config:
     oneshot: int = 5  # one-shot rounds
     tiny: tuple[int, ...] = (2_000, 20_000)
     tiny_s: float = 0.1
+    probe_tasks: int = 16  # FFT tasks of the parallelism probe (~50 ms each)
     quick: bool = False
 
 
-QUICK = Config(n_wavs=24, repeat=1, oneshot=1, tiny=(200,), quick=True)
+# The smoke run (tests/test_benchmarks_smoke.py): every section and pipeline on 8 short wavs, one
+# one-shot round without the untimed warm-up round (each run is a fresh interpreter), a short probe.
+QUICK = Config(n_wavs=8, max_s=2.0, repeat=1, oneshot=1, tiny=(50,), probe_tasks=4, quick=True)
 
 
 # --------------------------------------------------------------------------- data
@@ -246,15 +249,17 @@ def one_shots(folder: Path, cfg: Config, tmp: str) -> dict[str, Any]:
 
     def probe_run() -> C.Run:
         t0 = time.perf_counter()
-        probes.append(probe())
+        probes.append(probe(cfg.probe_tasks))
         return C.Run(1, time.perf_counter() - t0)
 
     # The untimed warm-up run of each fills the page cache (wavs, .pyc files): every timed
     # run then starts as a user's second run of the day does.
-    C.rounds({"parallelism probe": probe_run, **{names[k]: runner(k) for k in names}}, cfg.oneshot, "one-shot")
-    del probes[0]  # the warm-up's
-    for k in names:
-        del reports[k][0]
+    C.rounds({"parallelism probe": probe_run, **{names[k]: runner(k) for k in names}}, cfg.oneshot, "one-shot",
+             warm_up=not cfg.quick)
+    if not cfg.quick:
+        del probes[0]  # the warm-up's
+        for k in names:
+            del reports[k][0]
     check = _compare(os.path.join(tmp, "oneshot-h5store-2.h5"), os.path.join(tmp, "oneshot-serial.h5"))
     return {"names": names, "reports": reports, "probes": probes, "check": check}
 
@@ -448,7 +453,8 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
     sp = res.get("speed")
     if sp:
         lines += [
-            f"Data: {sp['n']} wavs, {sp['audio_s']:.0f} s of 16 kHz audio (1-6 s each, noise + chirp, seed 0); "
+            f"Data: {sp['n']} wavs, {sp['audio_s']:.0f} s of 16 kHz audio ({cfg.min_s:g}-{cfg.max_s:g} s each, noise + chirp, "
+            "seed 0); "
             "features: `MelSpectrogram(sr=16000, n_fft=1024, hop_length=256, n_mels=80)` and "
             "`MagSpectrogram(sr=16000, n_fft=1024, hop_length=256)`; the serial loop computes the same values "
             "with librosa (one STFT, its magnitude, the mel of its square) and writes one h5py dataset per "
@@ -465,7 +471,8 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
                   "spawn to exit, with `OMP_NUM_THREADS=1` (and OpenBLAS/MKL) for all three: unpinned (default BLAS "
                   "threads) the serial loop ran 30-64 s at load 10 on this machine, against ~5 s pinned at load 6, so "
                   "pinned is its strongest form here. The three run in interleaved "
-                  f"rounds ({len(st['walls']['serial'])} timed, after one untimed round that fills the page cache); "
+                  f"rounds ({len(st['walls']['serial'])} timed, "
+                  f"{'no warm-up round: --quick' if cfg.quick else 'after one untimed round that fills the page cache'}); "
                   "'load' is the 1-minute load average when each run started. 'first progress' is when the first "
                   "progress output (tqdm, stderr) came, after `create(...)` was called; 'import' when the call "
                   "came, after the process was spawned.", ""]

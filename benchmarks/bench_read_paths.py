@@ -56,9 +56,12 @@ class Config:
     min_batches: int = 100
     min_seconds: float = 0.6
     max_seconds: float = 1.5
+    quick: bool = False
 
 
-QUICK = Config(n_items=200, repeat=1, min_batches=10, min_seconds=0.05, max_seconds=0.3)
+# The smoke run (tests/test_benchmarks_smoke.py): every loader, one short timed run each without a
+# warm-up (C.rounds) or pauses, no garbage collection after each loader, a small memcpy.
+QUICK = Config(n_items=200, repeat=1, min_batches=2, min_seconds=0.0, max_seconds=0.3, quick=True)
 
 
 def stack_collate(items: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -112,9 +115,9 @@ def measure(cfg: Config, raw: str, store: str, offsets: np.ndarray) -> dict[str,
                                                      max_seconds=cfg.max_seconds, min_batches=cfg.min_batches,
                                                      started=iter(lo), size=real_frames))
                 for name, lo in ls.items()}
-        out[getter] = C.rounds(runs, cfg.repeat, getter, pause=0.05)
+        out[getter] = C.rounds(runs, cfg.repeat, getter, pause=0.0 if cfg.quick else 0.05, warm_up=not cfg.quick)
         for lo in ls.values():
-            shutdown(lo)
+            shutdown(lo, collect=not cfg.quick)
     f.close()
     return out
 
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             raw, store, offsets = build(tmp, cfg.n_items)
         C.warm_page_cache([raw, store])
         with C.step("memcpy"):
-            memcpy = C.memcpy_gbps()
+            memcpy = C.memcpy_gbps(16 << 20, 2) if cfg.quick else C.memcpy_gbps()
         res = measure(cfg, raw, store, offsets)
         span = load.stop()
     C.publish(HEADING, render(res, memcpy, span, cmd, cfg), not args.no_write, t_start)

@@ -92,7 +92,11 @@ def publish_section(args: Any, work: Path, repeat: int) -> str:
     """Requests of an open + first batch per metadata layout, their local costs; upload vs s3fs."""
     from h5store.publish import upload
 
-    sizes = (500, 5000) if args.quick else (2000, 50000)
+    # --quick: one size (its table is the same as the other size's: every layout, every column), with
+    # two commits of 1000, as the full run's files have many.
+    sizes = (1500,) if args.quick else (2000, 50000)
+    warm = not args.quick  # --quick: no untimed warm-up runs (C.rounds), one timed run of each
+    twice = 1 if args.quick else repeat * 2
     srv = ProcessS3Server().start()
     os.environ.update(srv.env())
     srv.put("bench", "warm", __file__)  # the bucket
@@ -104,12 +108,12 @@ def publish_section(args: Any, work: Path, repeat: int) -> str:
         for n in sizes:
             paths = {k: work / f"layout-{n}-{i}.h5" for i, k in enumerate(LAYOUTS)}
             made = C.rounds({k: (lambda p=p, k=k, n=n: _create_in_child(p, n, k)) for k, p in paths.items()},
-                            repeat, f"create {n}")
+                            repeat, f"create {n}", warm_up=warm)
             urls = {k: srv.put("bench", p.name, str(p)) for k, p in paths.items()}
             req = {}
             for k, url in urls.items():
                 counts = []
-                for _ in range(2):
+                for _ in range(2 if warm else 1):
                     register(url)  # a fresh process's view: nothing in memory
                     srv.reset()
                     with h5s.open(url, **slow) as f:
@@ -139,9 +143,12 @@ def publish_section(args: Any, work: Path, repeat: int) -> str:
                     return C.time_batches(lambda: g.iter_batches(spec, 64, shuffle=True, seed=3), min_seconds=0.0,
                                           whole_epochs=True)
 
-            opens = C.rounds({k: (lambda p=p: local_open(p)) for k, p in paths.items()}, repeat * 2, f"open {n}")
-            ropens = C.rounds({k: (lambda u=u: remote_open(u)) for k, u in urls.items()}, repeat, f"s3 open {n}")
-            rates = C.rounds({k: (lambda p=p: serve(p)) for k, p in paths.items()}, repeat, f"serve {n}")
+            opens = C.rounds({k: (lambda p=p: local_open(p)) for k, p in paths.items()}, twice, f"open {n}",
+                             warm_up=warm)
+            ropens = C.rounds({k: (lambda u=u: remote_open(u)) for k, u in urls.items()}, repeat, f"s3 open {n}",
+                              warm_up=warm)
+            rates = C.rounds({k: (lambda p=p: serve(p)) for k, p in paths.items()}, repeat, f"serve {n}",
+                             warm_up=warm)
             b = "default"
             rows = [[k, f"{req[k][0]} + {req[k][1] - req[k][0]}",
                      f"{1e3 * ropens[k].best.seconds:.0f} ms ({C.fmt_ratio(ropens[b].best.seconds / ropens[k].best.seconds)})",
@@ -177,7 +184,7 @@ def publish_section(args: Any, work: Path, repeat: int) -> str:
             return C.timed(go)
 
         up = C.rounds({"s3fs.put_file": theirs, "s3fs: exists + put_file + info": theirs_checked,
-                       "h5store.publish.upload": ours}, repeat * 2, "upload")
+                       "h5store.publish.upload": ours}, twice, "upload", warm_up=warm)
         mb = big.stat().st_size / 1e6
         lines += [f"Upload of the {mb:.0f} MB file ({-(-big.stat().st_size // part)} parts of 8 MiB, 4 at a time), "
                   "best of interleaved rounds; h5store's adds a HEAD before (refuse or replace), a Content-MD5 "
@@ -203,13 +210,15 @@ def main() -> None:
     if args.part in ("publish", "all"):
         work = Path(args.cache_dir) / "remote"
         work.mkdir(parents=True, exist_ok=True)
-        C.publish(PUBLISH_HEADING, publish_section(args, work, 2), not args.no_write, started)
+        C.publish(PUBLISH_HEADING, publish_section(args, work, 1 if args.quick else 2), not args.no_write, started)
         if args.part == "publish":
             return
     # moto's server reads the whole object for every ranged GET (its cost grows with the file):
     # a 29 MB file keeps the full run within minutes.
-    n = 150 if args.quick else 600
-    repeat = 2 if args.quick else 3
+    n = 64 if args.quick else 600
+    repeat = 1 if args.quick else 3
+    warm = not args.quick  # --quick: no untimed warm-up runs (C.rounds), one timed run of each
+    twice = 1 if args.quick else repeat * 2
     work = Path(args.cache_dir) / "remote"
     work.mkdir(parents=True, exist_ok=True)
     path = work / f"speech-{n}.h5"
@@ -268,10 +277,10 @@ def main() -> None:
             runs["obstore"] = obstore_batch
         except ImportError:
             pass
-        got = C.rounds(runs, repeat * 2, "clients")
+        got = C.rounds(runs, twice, "clients", warm_up=warm)
         base = got["s3fs (h5store's client)"]
         lines += ["64 ranges of 20 KB, not coalesced (64 GETs), one call, best of "
-                  f"{repeat * 2} interleaved rounds:", "",
+                  f"{twice} interleaved rounds:", "",
                   C.md_table(["client", "ms per call", "speed vs s3fs"],
                              [[k, f"{1e3 * v.best.seconds:.0f}", C.fmt_ratio(v.rate / base.rate)]
                               for k, v in got.items()]), ""]
@@ -286,7 +295,8 @@ def main() -> None:
                     return len(b["x"]), int(b["x"].nbytes)
             return C.timed(go)
 
-        cold = C.rounds({"local": lambda: first(str(path)), "s3://": lambda: first(url)}, repeat, "first batch")
+        cold = C.rounds({"local": lambda: first(str(path)), "s3://": lambda: first(url)}, repeat, "first batch",
+                        warm_up=warm)
         lines += ["Open + first batch (a fresh open each run; the local file is in the page cache):", "",
                   C.md_table(["source", "seconds", "speed vs local"],
                              [[k, f"{v.best.seconds:.3f}", C.fmt_ratio(v.rate / cold['local'].rate)]
@@ -316,7 +326,7 @@ def main() -> None:
                 "s3:// epoch 1 (from the server)": lambda e=epoch: e(url, None, False),
                 "s3:// epoch 1 (filling the cache folder)": lambda e=epoch: e(url, str(work / "cache-cold"), False),
                 "s3:// epoch 2 (from the cache folder)": lambda e=epoch, d=warm_dir: e(url, d, True),
-            }, repeat, f"epochs, {workers} workers")
+            }, repeat, f"epochs, {workers} workers", warm_up=warm)
             base = got["local disk"]
             rows += [[workers, k, C.fmt_rate(v.rate), C.fmt_ratio(v.rate / base.rate)] for k, v in got.items()]
         lines += ["Whole epochs (shuffled 64-frame windows), items/s, best of interleaved rounds; 0 workers is "

@@ -53,10 +53,14 @@ class Config:
     min_seconds: float = 0.4
     max_seconds: float = 1.5
     rss_batches: int = RSS_BATCHES
+    quick: bool = False
 
 
-QUICK = Config(sizes=(500, 2_000, 5_000), repeat=1, min_batches=20, min_seconds=0.05, max_seconds=0.3,
-               rss_batches=40)
+# The smoke run (tests/test_benchmarks_smoke.py): two small files, one timed run of each loader
+# without a warm-up (C.rounds), and the fresh processes of the RSS table started together
+# (each imports torch, ~2 s; their peaks are their own, whatever runs beside them).
+QUICK = Config(sizes=(500, 2_000), repeat=1, min_batches=4, min_seconds=0.0, max_seconds=0.3,
+               rss_batches=40, quick=True)
 
 
 def build(cache: Path, n: int) -> Path:
@@ -102,7 +106,8 @@ def rates(paths: dict[int, Path], cfg: Config) -> dict[tuple[str, int], C.Timing
                                       min_batches=cfg.min_batches)
 
     try:
-        res = C.rounds({f"{g} {n}": runner(lo) for (g, n), lo in loaders.items()}, cfg.repeat, "scale")
+        res = C.rounds({f"{g} {n}": runner(lo) for (g, n), lo in loaders.items()}, cfg.repeat, "scale",
+                       warm_up=not cfg.quick)
     finally:
         for f in files.values():
             f.close()
@@ -142,6 +147,17 @@ def rss_child(path: str, batches: int) -> dict[str, float]:
 
 def memory(paths: dict[int, Path], cfg: Config) -> dict[int, dict[str, float]]:
     out = {}
+    if cfg.quick:  # the children side by side
+        with C.step(f"peak RSS, fresh processes, {', '.join(f'{n:,}' for n in paths)} items at once (--quick)"):
+            procs = {n: subprocess.Popen([sys.executable, __file__, "--rss-child", str(p), str(cfg.rss_batches)],
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for n, p in paths.items()}
+            for n, proc in procs.items():
+                stdout, stderr = proc.communicate(timeout=600)
+                if proc.returncode:
+                    raise subprocess.CalledProcessError(proc.returncode, proc.args, stdout, stderr)
+                out[n] = json.loads(stdout.strip().splitlines()[-1])
+        return out
     for n, p in paths.items():
         with C.step(f"peak RSS, fresh process, {n:,} items"):
             proc = subprocess.run([sys.executable, __file__, "--rss-child", str(p), str(cfg.rss_batches)],

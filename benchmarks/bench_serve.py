@@ -77,11 +77,19 @@ class Config:
     memory_workers: int = 4
     param_reads: int = 100_000
     manager_reads: int = 20_000
+    first_batch_runs: int = 3  # the first-batch latency is the median of this many
+    memcpy_mb: int = 256
+    collate_rounds: int = 5  # the choice of the ragged collate: best of this many rounds...
+    collate_batches: int = 40  # ...of this many batches
     quick: bool = False
 
 
-QUICK = Config(n_items=300, windows_per_item=1, repeat=1, min_batches=20, min_seconds=0.05, max_seconds=0.3,
-               small_n=10_000, memory_workers=4, param_reads=20_000, manager_reads=2_000, quick=True)
+# The smoke run (tests/test_benchmarks_smoke.py): every section and pipeline, tiny sizes, one
+# timed run each without a warm-up (C.rounds), no settling pauses, and no garbage collection
+# around each loader (0.3 s each with torch loaded; the workers are stopped explicitly all the same).
+QUICK = Config(n_items=64, windows_per_item=1, repeat=1, min_batches=2, min_seconds=0.0, max_seconds=0.3,
+               small_n=2_000, memory_workers=2, param_reads=2_000, manager_reads=200, first_batch_runs=1,
+               memcpy_mb=16, collate_rounds=1, collate_batches=4, quick=True)
 
 
 # --------------------------------------------------------------------------- collate
@@ -403,12 +411,13 @@ def serve(f: h5s.TypedFile, getter: Any, batch_size: int, workers: int, **kw: An
     return f.serve(dict(x=getter), batch_size=batch_size, shuffle=True, num_workers=workers, **kw)
 
 
-def shutdown(loader: Any) -> None:
+def shutdown(loader: Any, collect: bool = True) -> None:
     """Stop a loader's persistent workers now (not whenever the garbage collector gets to it)."""
     it = getattr(loader, "_iterator", None)
     if it is not None and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()
-    gc.collect()
+    if collect:
+        gc.collect()
 
 
 # --------------------------------------------------------------------------- sections
@@ -457,17 +466,18 @@ def interleaved(pipes: dict[str, Callable[[], Any]], cfg: Config, label: str) ->
             if name not in loaders:
                 loaders[name] = make()
             result = timed_run(loaders[name], cfg)
-            if getattr(loaders[name], "num_workers", 0):
+            if getattr(loaders[name], "num_workers", 0) and not cfg.quick:
                 time.sleep(SETTLE_SECONDS)
             return result
 
         return run
 
     try:
-        return C.rounds({name: runner(name, make) for name, make in pipes.items()}, cfg.repeat, label)
+        return C.rounds({name: runner(name, make) for name, make in pipes.items()}, cfg.repeat, label,
+                        warm_up=not cfg.quick)
     finally:
         for loader in loaders.values():
-            shutdown(loader)
+            shutdown(loader, collect=not cfg.quick)
 
 
 def throughput(files: Files, cfg: Config, have_serve: bool,
@@ -486,7 +496,8 @@ def throughput(files: Files, cfg: Config, have_serve: bool,
 
 
 def first_batch(tmp_cache: Path, cfg: Config, have_serve: bool) -> dict[str, float]:
-    """Seconds from nothing to the first batch on ``cfg.small_n`` small items (median of 3).
+    """Seconds from nothing to the first batch on ``cfg.small_n`` small items (median of
+    ``cfg.first_batch_runs``: 3).
 
     "Nothing" means: open the file, build the loader, ``next(iter(loader))``; the file is in
     the page cache. The file is built once and cached between runs.
@@ -520,13 +531,13 @@ def first_batch(tmp_cache: Path, cfg: Config, have_serve: bool) -> dict[str, flo
         loader = DataLoader(MemmapDataset(str(raw), offsets, None), batch_size=ITEM_BATCH, shuffle=True,
                             num_workers=w, collate_fn=RaggedCollate())
         next(iter(loader))
-        shutdown(loader)
+        shutdown(loader, collect=not cfg.quick)
 
     def h5(w: int) -> None:
         f = C.Small(store)
         loader = f.serve(dict(x=h5s.Item("mel")), batch_size=ITEM_BATCH, shuffle=True, num_workers=w)
         next(iter(loader))
-        shutdown(loader)
+        shutdown(loader, collect=not cfg.quick)
         f.close()
 
     out: dict[str, float] = {}
@@ -535,7 +546,7 @@ def first_batch(tmp_cache: Path, cfg: Config, have_serve: bool) -> dict[str, flo
             if name == "H" and not have_serve:
                 continue
             times = []
-            for _ in range(3):
+            for _ in range(cfg.first_batch_runs):
                 t0 = time.perf_counter()
                 fn(w)
                 times.append(time.perf_counter() - t0)
@@ -571,7 +582,8 @@ def memory(files: Files, cfg: Config, have_serve: bool) -> dict[str, dict[str, i
     out = {}
     for name, make in pipes.items():
         with C.step(f"memory, {w} workers: {name}"):
-            gc.collect()
+            if not cfg.quick:
+                gc.collect()
             pu0, pp0 = C.uss_pss([os.getpid()])
             with warnings.catch_warnings():  # torch warns that 4 workers exceed the 2 cores: on purpose
                 warnings.simplefilter("ignore", UserWarning)
@@ -586,7 +598,7 @@ def memory(files: Files, cfg: Config, have_serve: bool) -> dict[str, dict[str, i
             except Exception as e:  # noqa: BLE001 - report a broken pipeline, measure the rest
                 print(f"    FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             finally:
-                shutdown(loader)
+                shutdown(loader, collect=not cfg.quick)
                 del loader, it
     return out
 
@@ -680,8 +692,8 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
         f"Data: {len(files.offsets) - 1:,} mel items of 100-600 frames x 80 float32 (seed 0, mean "
         f"{mean_item / 1e3:.0f} KB, {files.payload / 1e6:.0f} MB per copy), in the page cache. "
         f"Each figure is the best of {cfg.repeat} timed runs (>= {cfg.min_batches} batches and >= "
-        f"{cfg.min_seconds:g} s, or fewer batches when they take over {cfg.max_seconds:g} s) after one untimed "
-        "warm-up run; the pipelines of a table block were "
+        f"{cfg.min_seconds:g} s, or fewer batches when they take over {cfg.max_seconds:g} s) "
+        f"{'without a warm-up run (--quick)' if cfg.quick else 'after one untimed warm-up run'}; the pipelines of a table block were "
         "timed in interleaved rounds; ratios are to (R) with the same getter and worker count, in the same run "
         "('vs R' of the best runs; 'per round' the median and range of H/R over the interleaved rounds). "
         + collate_note(res),
@@ -691,7 +703,7 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
         "per worker, one dataset per item; (C) one concatenated h5py dataset + in-memory offsets, read "
         "through h5py per item; (H) `f.serve(...)`.",
         "",
-        f"Single-core memcpy (numpy copy of 256 MB): **{memcpy:.2f} GB/s**.",
+        f"Single-core memcpy (numpy copy of {cfg.memcpy_mb} MB): **{memcpy:.2f} GB/s**.",
         "",
     ]
     summary = targets_table(res, cfg)
@@ -732,7 +744,7 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
     fb = res.get("first_batch") or {}
     if fb:
         lines += [f"### First batch on {cfg.small_n:,} small items (1-8 frames x 80)", "",
-                  "Open + build the loader + `next(iter(loader))`, median of 3, target < 1 s.", ""]
+                  f"Open + build the loader + `next(iter(loader))`, median of {cfg.first_batch_runs}, target < 1 s.", ""]
         rows = []
         for w in cfg.workers:
             r, h = fb.get(f"R workers={w}", NAN), fb.get(f"H workers={w}", NAN)
@@ -886,9 +898,9 @@ def main(argv: list[str] | None = None) -> int:
         C.warm_page_cache([files.raw, files.per_item, files.concat, files.h5store])
         res["files"] = files
         with C.step("memcpy"):
-            res["memcpy"] = C.memcpy_gbps()
+            res["memcpy"] = C.memcpy_gbps(cfg.memcpy_mb << 20, 5 if not cfg.quick else 2)
         with C.step("ragged collate: numpy buffer vs pad_sequence"):
-            res["collate"] = choose_ragged_collate(files)
+            res["collate"] = choose_ragged_collate(files, cfg.collate_rounds, cfg.collate_batches)
         res["loads"] = {}
         res["throughput"] = throughput(files, cfg, have, res["loads"])
         res["first_batch"] = first_batch(Path(args.cache_dir), cfg, have)

@@ -63,7 +63,10 @@ class Config:
     quick: bool = False
 
 
-QUICK = Config(n_wavs=24, shards=4, rounds=1, quick=True)
+# The smoke run (tests/test_benchmarks_smoke.py): all five one-shot pipelines on 8 short wavs,
+# one timed run each and no untimed warm-up round (each run is a fresh process: ~1-6 s of
+# interpreter, imports and cluster start, whatever the data).
+QUICK = Config(n_wavs=8, max_s=2.0, shards=4, rounds=1, quick=True)
 
 SCRIPT = """
 import json, os, sys, time
@@ -140,9 +143,10 @@ def measure(folder: Path, cfg: Config, tmp: str) -> dict[str, Any]:
             return C.Run(rep["n"], rep["wall"])
         return run
 
-    timings = C.rounds({NAMES[k]: runner(k) for k in NAMES}, cfg.rounds, "one-shot")
-    for k in NAMES:
-        del reports[k][0]  # the warm-up's (it fills the page cache)
+    timings = C.rounds({NAMES[k]: runner(k) for k in NAMES}, cfg.rounds, "one-shot", warm_up=not cfg.quick)
+    if not cfg.quick:
+        for k in NAMES:
+            del reports[k][0]  # the warm-up's (it fills the page cache)
     checked = {k: same_items(outs["single"], outs[k]) for k in NAMES if "shard" in k}
     return {"timings": timings, "reports": reports, "checked": checked}
 
@@ -164,7 +168,8 @@ def render(res: dict[str, Any], cfg: Config, cmd: str) -> str:
     lines = [
         f"Command: `{cmd}`. {cfg.n_wavs} wavs of {cfg.min_s:g}-{cfg.max_s:g} s (16 kHz) -> mel + magnitude "
         f"spectrograms, {n} items; sharded into {cfg.shards} shards. Each run is a fresh process (one-shot), "
-        f"the five pipelines interleaved over {cfg.rounds} timed rounds after one untimed warm-up round each; "
+        f"the five pipelines interleaved over {cfg.rounds} timed rounds "
+        f"{'(no warm-up: --quick)' if cfg.quick else 'after one untimed warm-up round each'}; "
         "best and median of the rounds; ratios are the baseline's best wall time over the pipeline's "
         "(> 1: faster than the baseline).",
         "",

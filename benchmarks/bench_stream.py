@@ -182,9 +182,10 @@ def main() -> None:
     ap = C.parser(__doc__, "where the benchmark files and the cache folders go")
     args = ap.parse_args()
     started = time.perf_counter()
-    n = 150 if args.quick else 600
+    n = 64 if args.quick else 600
     shards = 4 if args.quick else 8
-    repeat = 2 if args.quick else 3
+    repeat = 1 if args.quick else 3
+    warm = not args.quick  # --quick: no untimed warm-up runs (C.rounds), one timed run of each
     work = Path(args.cache_dir) / "stream"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -251,7 +252,7 @@ def main() -> None:
         firsts = {"h5store s3://": h5_first, "WebDataset (curl)": wds_first}
         if chunks is not None:
             firsts["LitData (s3://, empty cache_dir)"] = lit_first
-        first = C.rounds(firsts, repeat, "first batch")
+        first = C.rounds(firsts, repeat, "first batch", warm_up=warm)
         base = first["WebDataset (curl)"]
         lines += ["Open + first batch, a fresh open / pipeline each run (best of interleaved rounds):", "",
                   C.md_table(["pipeline", "seconds", "speed vs WebDataset"],
@@ -314,7 +315,7 @@ def main() -> None:
                     "LitData: epoch 2 from its cache_dir": lambda e=lit_epoch, d=lit_warm: e(lit_url, d, True),
                     "LitData: local chunks": lambda e=lit_epoch: e(str(chunks), None, False),
                 })
-            got = C.rounds(runs, repeat, f"epochs, {workers} workers")
+            got = C.rounds(runs, repeat, f"epochs, {workers} workers", warm_up=warm)
             lit_cold = "epoch 1 from the server (empty cache_dir)"
             for label, hk, wk, lk in (
                     ("epoch 1 from the server", "epoch 1 from the server", "epoch 1 from the server", lit_cold),

@@ -63,7 +63,10 @@ class Config:
     quick: bool = False
 
 
-QUICK = Config(n_items=200, big_batch=32, repeat=1, min_seconds=0.2, max_seconds=0.4, pause=0.05, check_batches=3,
+# The smoke run (tests/test_benchmarks_smoke.py): every table and pipeline, tiny, one timed run each
+# without a warm-up (C.rounds) or pauses; the (G) child starts at once, so that its import of
+# tensorflow (~7 s) overlaps this process's.
+QUICK = Config(n_items=100, big_batch=32, repeat=1, min_seconds=0.0, max_seconds=0.4, pause=0.0, check_batches=3,
                quick=True)
 
 
@@ -123,10 +126,15 @@ def child_main(path: str, batch_size: int, min_seconds: float, max_seconds: floa
 class Baseline:
     """The (G) child process, driven one timed run at a time (so that its runs interleave with ours)."""
 
-    def __init__(self, path: str, batch_size: int, min_seconds: float, max_seconds: float) -> None:
+    def __init__(self, path: str, batch_size: int, min_seconds: float, max_seconds: float, wait: bool = True) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--child", path, str(batch_size), str(min_seconds), str(max_seconds)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Until the child is ready for its timed runs."""
         line = self._line()
         if line != "ready":
             raise RuntimeError(f"baseline child did not start: {line!r}")
@@ -176,7 +184,7 @@ def rounds(pipes: dict[str, Callable[[], Run]], cfg: Config, label: str) -> dict
     A short pause separates runs: tensorflow's thread pools spin for a while after their
     work ends, which would otherwise take the second core from the next run.
     """
-    return C.rounds(pipes, cfg.repeat, label, pause=cfg.pause, keep_going=False)
+    return C.rounds(pipes, cfg.repeat, label, pause=cfg.pause, keep_going=False, warm_up=not cfg.quick)
 
 
 def tf_pipes(f: Any, feature: str, batch_size: int, cfg: Config, calls: dict[str, Any]) -> dict[str, Callable[[], Run]]:
@@ -234,7 +242,7 @@ def preadv_pipes(path: Path, n_items: int, batch_size: int, cfg: Config,
         c0, t0 = time.process_time(), time.perf_counter()
         for t in workers:
             t.start()
-        time.sleep(cfg.min_seconds)
+        time.sleep(max(cfg.min_seconds, 0.02))  # (--quick: min_seconds 0, but a run must read something)
         stop.set()
         for t in workers:
             t.join()
@@ -330,7 +338,7 @@ def gil_probe(path: Path, quick: bool) -> dict[str, tuple[float, int, float]]:
     on a loaded machine too: it needs no free core, only that the loop is scheduled at all.
     Returns name -> (call ms, time stamps taken during the call, longest pause ms).
     """
-    mb = 64 if quick else 256
+    mb = 8 if quick else 256
     fd = os.open(path, os.O_RDONLY)
     buf = np.empty(mb << 20, np.uint8)
     buf[:] = 1  # fault the pages in: the calls below copy, not allocate
@@ -424,8 +432,8 @@ def report(cfg: Config, res: dict[str, Any]) -> str:
         f"Data: {cfg.n_items:,} mel items of 100-600 frames x 80 float32 (seed 0; `benchmarks/_common.py`), "
         f"{res['bytes'] / 1e6:.0f} MB per copy, in the page cache; stored plain, lzf and gzip (level 4 + shuffle) "
         "in one h5store file. Every pipeline serves whole items, shuffled, zero-padded with lengths. A timed run "
-        f"is whole epochs until {cfg.min_seconds:g} s have passed (or, mid-epoch, {cfg.max_seconds:g} s); each figure is the best of {cfg.repeat} runs after one "
-        "untimed warm-up, the pipelines of a table timed in interleaved rounds. 'CPU cores used' is process CPU "
+        f"is whole epochs until {cfg.min_seconds:g} s have passed (or, mid-epoch, {cfg.max_seconds:g} s); each figure is the best of {cfg.repeat} runs "
+        f"{'without a warm-up (--quick)' if cfg.quick else 'after one untimed warm-up'}, the pipelines of a table timed in interleaved rounds. 'CPU cores used' is process CPU "
         "time / wall time during the best run (2.0 = both cores busy) and 'CPU us / item' the process CPU time per "
         "item (what the pipeline costs, whatever the machine's load); page faults are minor faults of the whole "
         "process per batch.",
@@ -538,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     load = C.LoadAverage()
     path = build_file(Path(args.cache_dir), cfg.n_items)
     nbytes = C.warm_page_cache([path]) // 3
+    early = None
+    if cfg.quick:  # started now, waited for below
+        early = Baseline(str(path), cfg.small_batch, cfg.min_seconds, cfg.max_seconds, wait=False)
     with C.step("import tensorflow"):
         import tensorflow as tf
     f = C.Mels(path)
@@ -545,7 +556,11 @@ def main(argv: list[str] | None = None) -> int:
     with C.step("same batches from tf, numpy and torch"):
         res["same"] = same_batches(f, cfg)
     with C.step("start the from_generator child"):
-        baseline = Baseline(str(path), cfg.small_batch, cfg.min_seconds, cfg.max_seconds)
+        if early is None:
+            baseline = Baseline(str(path), cfg.small_batch, cfg.min_seconds, cfg.max_seconds)
+        else:
+            baseline = early
+            baseline.wait()
     try:
         small = {"G from_generator": baseline.run,
                  **tf_pipes(f, "mel", cfg.small_batch, cfg, {"T calls=1": 1, "T calls=2": 2, "T calls=AUTOTUNE": -1}),

@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     n = 300 if args.quick else 1500
     repeat = 1 if args.quick else 5
+    # --quick: one timed run of each loader, no warm-up (C.rounds), as short as it can be
+    warm = not args.quick
+    min_seconds, min_batches = (0.0, 2) if args.quick else (0.5, 40)
     cache = Path(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"ljspeech_like_{n}.h5"
@@ -116,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     stats = {k: epoch_stats(ld) for k, ld in loaders.items()}
 
     with hb.LoadAverage() as load_a:
-        timings = hb.rounds({k: (lambda ld=ld: hb.time_batches(lambda: ld, min_seconds=0.5, whole_epochs=True,
-                                                               size=frames))
-                             for k, ld in loaders.items()}, repeat, "duration batches")
+        timings = C.rounds({k: (lambda ld=ld: hb.time_batches(lambda: ld, min_seconds=min_seconds, whole_epochs=True,
+                                                              size=frames))
+                            for k, ld in loaders.items()}, repeat, "duration batches", warm_up=warm)
 
     # -- transforms with 2 workers
     tkinds = {"none": None, "identity": Identity(), "SpecAugment+Gain": T.Compose([
@@ -126,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     tloaders = {k: f.serve(batch, BATCH, shuffle=True, num_workers=2, persistent_workers=True, transform=t)
                 for k, t in tkinds.items()}
     with hb.LoadAverage() as load_b:
-        ttimings = hb.rounds({k: (lambda ld=ld: hb.time_batches(lambda: ld, min_seconds=0.5, min_batches=40,
-                                                                size=frames))
-                              for k, ld in tloaders.items()}, repeat, "transforms, 2 workers")
+        ttimings = C.rounds({k: (lambda ld=ld: hb.time_batches(lambda: ld, min_seconds=min_seconds,
+                                                               min_batches=min_batches, size=frames))
+                             for k, ld in tloaders.items()}, repeat, "transforms, 2 workers", warm_up=warm)
 
     # -- a reassignment: a new transform rides with the next batches' indices (DataLoader's own
     # index queue pickles them to the worker): its cost is the larger index message.

@@ -75,9 +75,13 @@ class Config:
     repeat: int = 3
     min_seconds: float = 2.0
     max_seconds: float = 6.0
+    min_batches: int = 4
+    quick: bool = False
 
 
-QUICK = Config(n_files=2, per_file=12, repeat=1, min_seconds=0.2, max_seconds=1.0)
+# The smoke run (tests/test_benchmarks_smoke.py): every pipeline and table, tiny (2 files of 8 short
+# videos, 16 images), one timed run of each without a warm-up (C.rounds), and one run, not two.
+QUICK = Config(n_files=2, per_file=8, hi=16, repeat=1, min_seconds=0.0, max_seconds=0.5, min_batches=1, quick=True)
 
 
 class Videos(h5s.TypedFile):
@@ -321,7 +325,7 @@ class ImageConfig:
     shards: int = 4
 
 
-IMAGE_QUICK = ImageConfig(n_images=64, classes=4, batch=8, shards=2)
+IMAGE_QUICK = ImageConfig(n_images=16, classes=4, batch=8, shards=2)
 
 
 class Photos(h5s.TypedFile):
@@ -448,9 +452,9 @@ def image_section(icfg: ImageConfig, cfg: Config, cache: Path, run: int) -> str:
         loaders[f"PIL Dataset w{w}"] = DataLoader(pil, icfg.batch, shuffle=True, num_workers=w, **extra)
         loaders[f"WebDataset w{w}"] = wds_loader(shards, icfg, w)
     torch.set_num_threads(1)
-    tm = dict(min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds, min_batches=4)
+    tm = dict(min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds, min_batches=cfg.min_batches)
     t = C.rounds({k: (lambda ld=ld: C.time_batches(lambda: ld, size=tuple_size, **tm)) for k, ld in loaders.items()},
-                 cfg.repeat, "images")
+                 cfg.repeat, "images", warm_up=not cfg.quick)
     load.stop()
     f.close()
 
@@ -480,17 +484,19 @@ def image_section(icfg: ImageConfig, cfg: Config, cache: Path, run: int) -> str:
 # --------------------------------------------------------------------------- main
 def main() -> None:
     ap = C.parser(__doc__, "where the video files are cached")
-    ap.add_argument("--runs", type=int, default=2, help="whole measurements, one after the other (all reported)")
+    ap.add_argument("--runs", type=int, default=None,
+                    help="whole measurements, one after the other (all reported; default 2, 1 with --quick)")
     args = ap.parse_args()
     cfg = QUICK if args.quick else Config()
+    runs = max(1, args.runs if args.runs is not None else 1 if args.quick else 2)
     started = time.perf_counter()
     cache = Path(args.cache_dir)
     with C.step("data"):
         paths = make_files(cfg, cache)
     command = " ".join(["benchmarks/bench_video.py", *sys.argv[1:]])
-    parts = [f"Command: `{command}` ({max(1, args.runs)} runs, one after the other, each reported: the machine is "
+    parts = [f"Command: `{command}` ({runs} runs, one after the other, each reported: the machine is "
              "shared, so both are shown)."]
-    for run in range(1, max(1, args.runs) + 1):
+    for run in range(1, runs + 1):
         parts.append(video_section(cfg, paths, run))
         parts.append(image_section(IMAGE_QUICK if args.quick else ImageConfig(), cfg, cache, run))
     C.publish(HEADING, "\n".join(parts), not args.no_write, started)
@@ -506,7 +512,7 @@ def video_section(cfg: Config, paths: list[str], run: int) -> str:
     load = C.LoadAverage()
     clip = dict(x=h5s.Clips("video", cfg.clip), y=h5s.Label("label"))
     tb = dict(x=h5s.Clips("video", cfg.clip, encoded=True), y=h5s.Label("label"))
-    tm = dict(min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds, min_batches=4)
+    tm = dict(min_seconds=cfg.min_seconds, max_seconds=cfg.max_seconds, min_batches=cfg.min_batches)
 
     def tf_decode(b: Any) -> Any:
         flat = tf.reshape(b["x"], [-1])
@@ -532,11 +538,12 @@ def video_section(cfg: Config, paths: list[str], run: int) -> str:
         "TB": lambda: tb_ds,
     }
     tf_timings = C.rounds({k: (lambda e=e: C.time_batches(e, size=tuple_size, **tm)) for k, e in tf_runs.items()},
-                          cfg.repeat, "tf.data")
+                          cfg.repeat, "tf.data", warm_up=not cfg.quick)
     multi = h5s.concat(paths)
     np_timings = C.rounds({
         f"N{t}": (lambda t=t: C.time_batches(lambda: multi.iter_batches(clip, cfg.batch, shuffle=True, threads=t),
-                                             size=tuple_size, **tm)) for t in (1, 2)}, cfg.repeat, "numpy")
+                                             size=tuple_size, **tm)) for t in (1, 2)}, cfg.repeat, "numpy",
+        warm_up=not cfg.quick)
     user = UserDataset(paths, cfg.clip)
     loaders = {
         "h5store w0": multi.serve(clip, cfg.batch, shuffle=True, num_workers=0),
@@ -545,7 +552,7 @@ def video_section(cfg: Config, paths: list[str], run: int) -> str:
         "h5py Dataset w2": DataLoader(user, cfg.batch, shuffle=True, num_workers=2, persistent_workers=True),
     }
     torch_timings = C.rounds({k: (lambda ld=ld: C.time_batches(lambda: ld, size=tuple_size, **tm))
-                              for k, ld in loaders.items()}, cfg.repeat, "torch")
+                              for k, ld in loaders.items()}, cfg.repeat, "torch", warm_up=not cfg.quick)
     with C.step("decoders"):
         decoders = decoder_table(cfg, paths)
     load.stop()

@@ -26,7 +26,7 @@ def test_quick_run_exits_cleanly(script: str, tmp_path: Path) -> None:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,  # a hang guard, not a timing: the quick runs take < 60 s on a quiet machine
+        timeout=300,  # a hang guard, not a timing: the quick runs take < 30 s on a quiet machine
     )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert "FAILED" not in proc.stderr, f"{script}: a pipeline failed:\n{proc.stderr[-5000:]}"
