@@ -55,7 +55,6 @@ def setup_paths() -> None:
 setup_paths()
 
 import h5store as h5s  # noqa: E402 - needs the repo root on sys.path when run as a script
-from h5store import benchmark as _harness  # noqa: E402
 
 # The harness (runs, interleaved rounds, load averages, tables) is h5store's own, shared with
 # ``h5store bench``; re-exported here so that the scripts reach everything through ``C``.
@@ -68,6 +67,7 @@ from h5store.benchmark import (  # noqa: E402,F401
     load_note,
     md_table,
     repeat,
+    rounds,
     step,
     time_batches,
     timed,
@@ -180,38 +180,6 @@ def profile_top(fn: Callable[[], Any], n: int = 12) -> str:
     start = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
     short = [re.sub(r"\S*/(site-packages|lib/python3\.\d+|main)/", "", line) for line in lines[start:]]
     return "\n".join(line for line in short if line.strip())
-
-
-def rounds(runs: dict[str, Callable[[], Run]], n_rounds: int, label: str, *, pause: float = 0.0,
-           keep_going: bool = True, warm_up: bool = True) -> dict[str, Timing]:
-    """:func:`h5store.benchmark.rounds` (one untimed warm-up run each, then ``n_rounds``
-    interleaved timed rounds), or, with ``warm_up=False``, the timed rounds alone.
-
-    ``warm_up=False`` is for the ``--quick`` smoke runs, whose figures nobody reads: every
-    pipeline is still built and timed (its first timed run stands in for the warm-up, and a
-    failure there is reported and left out exactly as a failed warm-up is), without paying
-    for a second run of each. The full runs keep their warm-ups.
-    """
-    if warm_up:
-        return _harness.rounds(runs, n_rounds, label, pause=pause, keep_going=keep_going)
-    live = dict(runs)
-    out = {name: Timing(name) for name in live}
-    with step(f"{label}: {n_rounds} timed rounds of {len(live)} pipelines, no warm-up (--quick)"):
-        for r in range(n_rounds):
-            for name, run in list(live.items()):
-                if pause:
-                    time.sleep(pause)
-                if r:
-                    out[name].runs.append(run())
-                    continue
-                try:
-                    out[name].runs.append(run())
-                except Exception as e:
-                    if not keep_going:
-                        raise
-                    print(f"    FAILED: {label} {name}: {type(e).__name__}: {e}", file=sys.stderr)
-                    del live[name], out[name]
-    return out
 
 
 def round_ratios(a: Timing | None, b: Timing | None) -> list[float]:

@@ -188,7 +188,7 @@ def _close(it: Any) -> None:
 
 
 def rounds(runs: Mapping[str, Callable[[], Run]], repeat: int, label: str, *, pause: float = 0.0,
-           keep_going: bool = True) -> dict[str, Timing]:
+           keep_going: bool = True, warm_up: bool = True) -> dict[str, Timing]:
     """One untimed warm-up run of each pipeline, then ``repeat`` interleaved rounds of timed runs.
 
     Parameters
@@ -205,26 +205,41 @@ def rounds(runs: Mapping[str, Callable[[], Run]], repeat: int, label: str, *, pa
     keep_going : bool
         A pipeline whose warm-up fails is reported (``FAILED`` on stderr) and left out;
         with False the error propagates.
+    warm_up : bool
+        False: no warm-up run, the first timed run stands in for it (a failure there is
+        reported and the pipeline left out the same way). For smoke runs whose figures
+        nobody reads (the benchmarks' ``--quick``): every pipeline still runs.
 
     Returns
     -------
     dict
         Name -> :class:`Timing`, for the pipelines that ran.
+
+    Examples
+    --------
+    >>> def run():
+    ...     return Run(items=100, seconds=0.5, batches=4)
+    >>> {k: len(t.runs) for k, t in rounds(dict(a=run), 2, "demo", warm_up=False).items()}
+    {'a': 2}
     """
     live: dict[str, Callable[[], Run]] = {}
+    out: dict[str, Timing] = {}
     for name, run in runs.items():
-        with step(f"{label} {name}: warm-up"):
+        with step(f"{label} {name}: {'warm-up' if warm_up else 'first timed run'}"):
             try:
-                run()
+                first = run()
             except Exception as e:
                 if not keep_going:
                     raise
-                print(f"    FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+                print(f"    FAILED: {type(e).__name__}: {e}", file=sys.stderr)  # under the step's line
                 continue
         live[name] = run
-    out = {name: Timing(name) for name in live}
-    with step(f"{label}: {repeat} timed rounds of {len(live)} pipelines"):
-        for _ in range(repeat):
+        out[name] = Timing(name)
+        if not warm_up:
+            out[name].runs.append(first)
+    with step(f"{label}: {repeat - (not warm_up)} more timed rounds of {len(live)} pipelines"
+              if not warm_up else f"{label}: {repeat} timed rounds of {len(live)} pipelines"):
+        for _ in range(repeat - (not warm_up)):
             for name, run in live.items():
                 if pause:
                     time.sleep(pause)

@@ -68,6 +68,10 @@ def test_rounds_interleave_and_leave_out_a_failing_pipeline(capsys: pytest.Captu
     assert "FAILED: OSError: no such loader" in capsys.readouterr().err
     with pytest.raises(OSError):
         B.rounds({"bad": broken}, 1, "test", keep_going=False)
+    order.clear()  # --quick: no warm-up, the first timed run stands in for it; failures left out alike
+    out = B.rounds({"a": lambda: run("a"), "bad": broken, "b": lambda: run("b")}, 2, "test", warm_up=False)
+    assert order == ["a", "b", "a", "b"] and list(out) == ["a", "b"] and len(out["b"].runs) == 2
+    assert "FAILED: OSError: no such loader" in capsys.readouterr().err
 
 
 def test_timing_figures_come_from_the_best_run() -> None:
