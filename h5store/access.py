@@ -204,7 +204,9 @@ class FeatureView:
         del n
 
     def blobs(self, key: Key, first: int | None = 0, stop: int | None = None) -> list[Any]:
-        """Blobs ``first..stop-1`` of one "blobs" item, reading only their bytes.
+        """Blobs ``first..stop-1`` of one "blobs" item, reading only their bytes (after the
+        first part read of the item in this process, which reads and checks the whole item
+        against its CRC-32).
 
         The bounds behave like a slice's (``list(item)[first:stop]``): negative ones count
         from the end, out-of-range ones are clamped, an empty range gives ``[]``. Each blob
@@ -223,7 +225,8 @@ class FeatureView:
     def frames(self, key: Key, encoded: bool = False) -> BlobsView:
         """The frames of one "blobs" item (a video) as a sliceable view: ``f.video.frames(id)[k:k+8]``.
 
-        Nothing is read until the view is indexed; a slice reads only the bytes of its frames.
+        Nothing is read until the view is indexed; a slice reads only the bytes of its frames
+        (the first read of a part of the item in this process reads and checks all of it).
 
         Parameters
         ----------
@@ -264,7 +267,8 @@ class BlobsView:
 
     ``view[k]`` is one frame (``IndexError`` out of range, as a list); ``view[a:b:s]`` is
     the frames a Python slice would pick, stacked into one ``(n, H, W, C)`` array (``n`` may
-    be 0), reading only the bytes from the first to the last picked frame. With
+    be 0), reading only the bytes from the first to the last picked frame (once the whole item
+    passed its CRC-32 check in this process: the first part read checks it). With
     ``encoded=True`` values are the stored bytes (``bytes``; a list for a slice).
 
     Examples
