@@ -385,3 +385,29 @@ def test_a_writers_commits_between_epochs_only_cost_checks(tmp_path: Path) -> No
             assert sorted(got) == sorted(mel) and all(np.array_equal(got[i], mel[i]) for i in mel)
             with Clip(served, mode="a") as w:  # a commit: the file changes on disk, its items do not
                 w.add(f"new{epoch}", dict(mel=np.ones((3, 4), np.float32), label=np.int64(7)))
+
+
+def test_the_next_epochs_dataset_starts_from_the_checked_flags(tmp_path: Path) -> None:
+    """``f.iter_batches`` makes a FileDataset per epoch: it used to read and check every item
+    again each epoch. The flags now stay with the open file, for the next dataset of it, while
+    the file is unchanged on disk; a change (a commit, a flip written through the file system)
+    or another open file starts from none."""
+    from h5store.serving import FileDataset
+    from tests.test_integrity import Clip
+
+    served, other, mel = _two_files(tmp_path)
+    batch = dict(x=h5s.Item("mel"), i=h5s.Id())
+    with Clip(served) as f, Clip(other) as g:
+        assert len(list(f.iter_batches(batch, 4, threads=0))) == 3  # epoch 0: every item checked
+        ds = FileDataset(f, batch)
+        assert ds.files._done("mel").all()  # kept, the file unchanged
+        ds.close()
+        assert not FileDataset(g, batch).files._done("mel").any()  # another file: its own flags
+        with Clip(served, mode="a") as w:  # the file changes on disk
+            w.add("new", dict(mel=np.ones((3, 4), np.float32), label=np.int64(7)))
+        ds = FileDataset(f, batch)
+        assert not ds.files._done("mel").any()
+        for b in f.iter_batches(batch, 4, threads=2):
+            for i, x, n in zip(b["i"], b["x"], b["x_lengths"]):
+                np.testing.assert_array_equal(x[:n], mel[i])
+        assert FileDataset(f, batch).files._done("mel").all()  # checked again, kept again

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -58,6 +59,10 @@ class FileSet:
     """
 
     def __init__(self, source: Any, group: str = "") -> None:
+        try:  # where the checked flags outlive this FileSet (the next epoch's, see _keep_checked)
+            self._source: Any = weakref.ref(source)
+        except TypeError:
+            self._source = None
         files = source.files if isinstance(source, MultiFile) else [source]
         self.files = [reader_copy(f) for f in files]
         self.group = group
@@ -107,6 +112,7 @@ class FileSet:
         state["alloc"] = None
         state["_origin"] = [None] * len(self.files)  # tables travel as numpy, never a file
         state.pop("_local", None)
+        state["_source"] = None
         # Shared flags travel as their path (reopened below); per-process ones as arrays.
         state["_checked"] = {k: v if isinstance(v, np.ndarray) else (v.path, v.n) for k, v in self._checked.items()}
         return state
@@ -225,6 +231,7 @@ class FileSet:
 
     def close(self) -> None:
         """Close this process's descriptors and handles (they reopen on the next read)."""
+        self.keep_checked()
         if self._pid == os.getpid():
             for col in self._cols.values():
                 col.close_reader()
@@ -299,11 +306,12 @@ class FileSet:
             if was is None:
                 self._stamps[k] = now
             elif now != was:
+                a, b = int(self.starts[k]), int(self.starts[k + 1])
+                for name in list(self._checked):
+                    self._done(name)[a:b] = False
+                # After the flags are cleared: keep_checked reads the states, then copies the flags.
                 self._stamps[k] = now
                 self._rewritten.add(k)
-                a, b = int(self.starts[k]), int(self.starts[k + 1])
-                for name in self._checked:
-                    self._done(name)[a:b] = False
                 found = True
         return found
 
@@ -319,6 +327,33 @@ class FileSet:
                         self._checked[name] = SharedFlags(len(self))
                     except (OSError, MemoryError):  # a full or small /dev/shm: flags kept per process
                         self._checked[name] = np.zeros(len(self), dtype=bool)
+                    kept = self._kept().get((self.group, name, len(self)))
+                    if kept is not None and kept[0] == tuple(self._stamps):
+                        self._done(name)[:] = kept[1]
+
+    def _kept(self) -> dict[tuple[str, str, int], tuple[tuple[Any, ...], np.ndarray]]:
+        """The checked flags earlier FileSets of the same open file(s) left (see :meth:`keep_checked`)."""
+        source = self._source() if self._source is not None else None
+        if source is None or self._pid != os.getpid():
+            return {}
+        with _KEPT_LOCK:
+            try:
+                return _KEPT.setdefault(source, {})
+            except TypeError:  # not weakly referable
+                return {}
+
+    def keep_checked(self) -> None:
+        """Leave which items passed their CRC-32 with the open file(s) this FileSet serves, for
+        the next FileSet made of them (``f.iter_batches`` makes one per epoch): it starts from
+        these flags when every file is unchanged on disk since (the same ``os.stat`` state,
+        noted when the tables were read). Remote files are never kept: a new open may read a
+        new version of an object."""
+        if not self.verify or any(st is None for st in self._stamps):
+            return
+        kept = self._kept()
+        for name in list(self._checked):
+            states = tuple(self._stamps)  # before the flags: see changed()
+            kept[(self.group, name, len(self))] = (states, self._done(name).copy())
 
     def _joined(self, cache: dict[str, np.ndarray], name: str, what: str) -> np.ndarray:
         """Table ``what`` of every file, joined (global positions), loaded once."""
@@ -577,6 +612,13 @@ class FileSet:
                     f"(first: id {self.id(first)!r}); serve only items that have it, e.g. "
                     f"items=np.flatnonzero(f.{name}.present)"
                 )
+
+
+#: Checked flags left by closed FileSets, per open source (TypedFile or MultiFile), for the next
+#: FileSet of the same source: (group, feature, items) -> (os.stat states, one bool per item).
+_KEPT: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, int], tuple[tuple[Any, ...], np.ndarray]]] = \
+    weakref.WeakKeyDictionary()
+_KEPT_LOCK = threading.Lock()
 
 
 def _identity(f: Any) -> tuple[int, int] | None:

@@ -270,6 +270,7 @@ class BatchIterator:
     def __next__(self) -> Batch:
         if self._sync:
             if self._pos >= len(self._batches):
+                self.dataset.files.keep_checked()  # for the next epoch's dataset of the same file
                 raise StopIteration
             self._pos += 1
             return self.dataset.fetch(self._batches[self._pos - 1], epoch=self.epoch, number=self._pos - 1)
@@ -289,6 +290,8 @@ class BatchIterator:
         """Stop the reader threads and wait for them (each finishes its current batch)."""
         if self._finalizer is not None:
             self._finalizer()
+        # Which items passed their CRC-32, for the next epoch's dataset of the same open file.
+        self.dataset.files.keep_checked()
 
     def __enter__(self) -> BatchIterator:
         return self
