@@ -59,7 +59,7 @@ class FileSet:
     """
 
     def __init__(self, source: Any, group: str = "") -> None:
-        try:  # where the checked flags outlive this FileSet (the next epoch's, see _keep_checked)
+        try:  # where the checked flags outlive this FileSet (the next epoch's, see keep_checked)
             self._source: Any = weakref.ref(source)
         except TypeError:
             self._source = None
@@ -559,8 +559,9 @@ class FileSet:
         if k in self._rewritten:
             message = (
                 f"{path}:{g}/{name}: item {self.id(position)!r} (position {position}) fails its CRC-32 check "
-                f"after {path} changed on disk while served: was the file rewritten in place (cp, h5py.File(path, "
-                "'w'))? Replace a served file by renaming a new one over it, and serve it again (a new loader)"
+                f"after {path} changed on disk while served: the file was rewritten in place (cp, h5py.File(path, "
+                "'w')) or its bytes are damaged. Replace a served file by renaming a new one over it and serve it "
+                f"again (a new loader); `h5store verify {path}` lists damaged records"
             )
         else:
             message = (
