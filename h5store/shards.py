@@ -733,16 +733,30 @@ def verify_sharded(path: str | os.PathLike[str], deep: bool = True, max_errors: 
                 import importlib
 
                 with importlib.import_module("h5store.typed_file").open(sp) as f:
-                    n = len(f)
-                    if n != e["items"]:
-                        report.problems.append(f"{sp}: holds {n} items, the manifest records {e['items']}")
-                    ends = (f.ids[0], f.ids[n - 1]) if n else (None, None)
-                    if ends != (e.get("first"), e.get("last")):
-                        report.problems.append(f"{sp}: its ids run {ends[0]!r}..{ends[1]!r}, the manifest records "
-                                               f"{e.get('first')!r}..{e.get('last')!r}: the shard is from another build")
-                    if schema_hash(f.file_schema) != manifest.get("schema_hash"):
-                        report.problems.append(f"{sp}: its schema is not the dataset's (built with other features)")
+                    report.problems.extend(str(err) for err in _against_entry(sp, f, e, manifest))
     return report
+
+
+def _against_entry(sp: str, f: Any, e: dict[str, Any], manifest: dict[str, Any]) -> list[H5StoreError]:
+    """What disagrees between an open shard and its manifest entry: its item count, its first
+    and last ids, its schema (the errors, for an open to raise and ``verify`` to list)."""
+    out: list[H5StoreError] = []
+    n = len(f)
+    if n != e["items"]:
+        out.append(FormatError(f"{sp}: holds {n} items, the manifest records {e['items']}"))
+    ends = (f.ids[0], f.ids[n - 1]) if n else (None, None)
+    if ends != (e.get("first"), e.get("last")):
+        # Same size and count, other items: a shard of another build (a second publisher's,
+        # or copied from another folder) must not be served as this one.
+        out.append(FormatError(f"{sp}: its ids run {ends[0]!r}..{ends[1]!r}, the manifest records "
+                               f"{e.get('first')!r}..{e.get('last')!r}: the shard is from another build; "
+                               "copy the whole folder again, or rebuild it (create with resume=True)"))
+    h = schema_hash(f.file_schema)
+    if h != manifest.get("schema_hash"):
+        out.append(SchemaError(f"{sp}: its schema (hash {h[:12]}) is not the dataset's "
+                               f"({str(manifest.get('schema_hash'))[:12]}): this shard was built with other "
+                               "features or parameters; rebuild it"))
+    return out
 
 
 def open_sharded(path: str | os.PathLike[str], *, opener: Any = None, **options: Any) -> ShardedDataset:
@@ -817,20 +831,9 @@ def _open_shards(folder: str, manifest: dict[str, Any], remote: bool, opener: An
                                   "replaced; rebuild it (create with resume=True) or copy it again")
             f = opener(sp, **options)
             files.append(f)
-            n = len(f)
-            if n != e["items"]:
-                raise FormatError(f"{sp}: holds {n} items, the manifest records {e['items']}")
-            ends = (f.ids[0], f.ids[n - 1]) if n else (None, None)
-            if ends != (e.get("first"), e.get("last")):
-                # Same size and count, other items: a shard of another build (a second
-                # publisher's, or copied from another folder) must not be served as this one.
-                raise FormatError(f"{sp}: its ids run {ends[0]!r}..{ends[1]!r}, the manifest records "
-                                  f"{e.get('first')!r}..{e.get('last')!r}: the shard is from another build; "
-                                  "copy the whole folder again, or rebuild it (create with resume=True)")
-            h = schema_hash(f.file_schema)
-            if h != manifest.get("schema_hash"):
-                raise SchemaError(f"{sp}: its schema (hash {h[:12]}) is not the dataset's ({str(manifest.get('schema_hash'))[:12]}"
-                                  "): this shard was built with other features or parameters; rebuild it")
+            problems = _against_entry(sp, f, e, manifest)
+            if problems:
+                raise problems[0]
     except BaseException:
         for f in files:
             f.close()
