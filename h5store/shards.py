@@ -168,10 +168,11 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     mode, overwrite
         As for create: an existing dataset at ``path`` is refused unless ``mode="w"``
         (``overwrite=True``); appending to a sharded dataset (``mode="a"``) is not supported.
-        Replacing a local folder removes the old manifest first (the old dataset no longer
-        opens while the new one is built: its shards are being replaced), then the old shards
-        the new manifest does not name. Onto ``s3://`` the old dataset stays whole until the
-        new manifest replaces it (:func:`push_sharded`).
+        Replacing keeps the old dataset whole, and opening, until the new manifest replaces
+        it in one rename (a replacement killed or failed midway leaves the old one as it was;
+        ``resume=True`` finishes it); then the old shards go. The new shards are named
+        ``shard-KKKKK-of-NNNNN.<tag>.h5``, a tag of this build's own, so that no new shard
+        ever takes an old shard's name. Onto ``s3://`` likewise (:func:`push_sharded`).
     resume : bool
         Keep the shards the draft manifest records as complete (size and CRC-32 checked
         again) and build the others; a shard killed midway continues from its partial file.
@@ -248,34 +249,37 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
             old = read_manifest(manifest_path, check=False)
         except FormatError:
             old = {}  # unreadable: replaced all the same
-    if old is not None:
-        # Replacing: the old manifest goes before any new shard takes an old shard's name, so
-        # no reader ever sees a manifest naming shards of another build.
-        os.unlink(manifest_path)
-        fsync_dir(manifest_path)
     draft_path = os.path.join(folder, _DRAFT)
-    done, token = _kept_shards(folder, draft_path, plan_key, prepared) if resume else ({}, "")
+    done, token, tagged = _kept_shards(folder, draft_path, plan_key, prepared) if resume else ({}, "", False)
     # This build's shards are written under hidden names of their own (".<token>.shard-..."),
     # and renamed to their final names here, once recorded: a task that Dask runs again
     # (its worker died after the result was fetched) never rewrites a published shard.
     token = token or uuid.uuid4().hex[:12]
-    # The replaced dataset's shard names, kept in the draft: a replacement killed after the old
-    # manifest went still removes the old shards it does not name once resumed.
+    # Replacing: the old manifest and its shards stay whole until the new manifest replaces
+    # them (one rename), so a replacement killed or failed at any point leaves the old dataset
+    # opening as before. The new shards take names of this build's own
+    # ("shard-00000-of-00002.<token>.h5"), which no old shard has.
+    tagged = tagged or old is not None
+    published = {name: _upload_name(name, token) if tagged else name for name, *_ in plan}
+    # The replaced dataset's shard names, kept in the draft: once the new manifest is in place
+    # (at once, or after a resume), the old shards it does not name are removed.
     replaces = {str(e.get("file")) for e in (old or {}).get("shards", []) if isinstance(e, dict)}
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         with open(draft_path) as f:
             replaces.update(str(x) for x in json.load(f).get("replaces", []))
     draft = {"format": _FORMAT, "version": _VERSION, "plan": plan_key, "params": _params(prepared),
-             "token": token, "replaces": sorted(replaces), "done": done}
+             "token": token, "tagged": tagged, "replaces": sorted(replaces), "done": done}
     _write_json(draft_path, draft)
 
-    todo = [(name, srcs) for name, srcs, _, _ in plan if name not in done]
+    todo = [(name, srcs) for name, srcs, _, _ in plan if published[name] not in done]
     bar = tqdm(total=n, initial=n - len(todo), unit="shard", disable=not progress, desc=f"h5store create {folder}")
     reports: dict[str, IngestReport] = {}
     try:
         for entry, report in _build_all(cls, folder, token, todo, root, prepared, resume, on_error, n_workers,
                                         shard_processes):
-            os.replace(os.path.join(folder, _hidden(token, entry["file"])), os.path.join(folder, entry["file"]))
+            hidden = os.path.join(folder, _hidden(token, entry["file"]))
+            entry["file"] = published[entry["file"]]
+            os.replace(hidden, os.path.join(folder, entry["file"]))
             fsync_dir(os.path.join(folder, entry["file"]))
             done[entry["file"]] = entry
             reports[entry["file"]] = report
@@ -284,7 +288,7 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
     finally:
         bar.close()
 
-    entries = [done[name] for name, *_ in plan]
+    entries = [done[published[name]] for name, *_ in plan]
     hashes = {e["schema_hash"] for e in entries}
     if len(hashes) > 1:
         first = entries[0]
@@ -308,7 +312,8 @@ def create_sharded(cls: type[TypedFile], path: str | os.PathLike[str], sources: 
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(folder, name))
     result = open_sharded(folder, opener=cls)
-    result.report = _merged([reports[name] for name, *_ in plan if name in reports], time.perf_counter() - t0)
+    result.report = _merged([reports[published[name]] for name, *_ in plan if published[name] in reports],
+                            time.perf_counter() - t0)
     return result
 
 
@@ -318,9 +323,10 @@ def _params(prepared: dict[str, Feature]) -> str:
 
 
 def _kept_shards(folder: str, draft_path: str, plan_key: list[list[Any]],
-                 prepared: dict[str, Feature]) -> tuple[dict[str, dict[str, Any]], str]:
-    """The shards a previous run completed that are still intact, by file name, and its token
-    (whose partial files the shards still to build continue from).
+                 prepared: dict[str, Feature]) -> tuple[dict[str, dict[str, Any]], str, bool]:
+    """The shards a previous run completed that are still intact, by file name, its token
+    (whose partial files the shards still to build continue from), and whether its shards
+    take names tagged with that token (it was replacing a dataset).
 
     A draft of another plan (other sources, another shard size) or other prepared
     parameters (a vocabulary that grew) keeps nothing: every shard is built again.
@@ -329,9 +335,9 @@ def _kept_shards(folder: str, draft_path: str, plan_key: list[list[Any]],
         with open(draft_path) as f:
             draft = json.load(f)
     except (OSError, ValueError):
-        return {}, ""
-    if draft.get("plan") != plan_key or draft.get("params") != _params(prepared):
-        return {}, ""
+        return {}, "", False
+    if not isinstance(draft, dict) or draft.get("plan") != plan_key or draft.get("params") != _params(prepared):
+        return {}, "", False
     kept = {}
     for name, entry in draft.get("done", {}).items():
         p = os.path.join(folder, name)
@@ -342,7 +348,9 @@ def _kept_shards(folder: str, draft_path: str, plan_key: list[list[Any]],
         if intact:
             kept[name] = entry
     token = draft.get("token")
-    return kept, token if isinstance(token, str) and token.isalnum() else ""
+    if not (isinstance(token, str) and token.isalnum()):
+        return kept, "", False
+    return kept, token, draft.get("tagged") is True
 
 
 def _hidden(token: str, name: str) -> str:

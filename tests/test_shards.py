@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -188,7 +189,10 @@ def test_sharded_create_refuses_what_it_cannot_do(unsharded, tmp_path):
     # mode="w" replaces it, and removes the old shards the new manifest does not name.
     with LabeledNums.create(out, src, shard_size=20, mode="w", n_workers=1, progress=False) as ds:
         assert len(ds.files) == 2
-    assert sorted(p.name for p in out.iterdir()) == ["index.json", "shard-00000-of-00002.h5", "shard-00001-of-00002.h5"]
+        names = [e["file"] for e in ds.manifest["shards"]]
+    # The new shards' names carry the build's tag: none takes an old shard's name.
+    assert all(re.fullmatch(rf"shard-0000{k}-of-00002\.[0-9a-f]{{12}}\.h5", n) for k, n in enumerate(names)), names
+    assert sorted(p.name for p in out.iterdir()) == ["index.json", *names]
     with pytest.raises(ValueError, match="read-only"):
         h5s.open(out, mode="a")
 
@@ -198,20 +202,67 @@ def test_a_replacement_that_failed_midway_is_resumed_and_cleans_up(unsharded, tm
     out = tmp_path / "ds"
     LabeledNums.create(out, src, shard_size=10, n_workers=1, progress=False).close()
     old = sorted(p.name for p in out.glob("shard-*"))
+    manifest = (out / "index.json").read_bytes()
     with pytest.raises(h5s.SourceError, match="spk_c/bad"):  # the second shard holds the bad source
         LabeledNums.create(out, src, shard_size=20, mode="w", on_error="raise", n_workers=1, progress=False)
-    assert not (out / "index.json").exists()  # the old manifest went first: nothing half-replaced opens
-    with pytest.raises(FileNotFoundError):
-        h5s.open(out / "index.json")
+    # The old dataset is untouched by the failed replacement: its manifest and shards open as before.
+    assert (out / "index.json").read_bytes() == manifest
+    with h5s.open(out) as ds:
+        assert_same(ds, one)
+        assert len(ds.files) == 4
     done = json.loads((out / ".index.draft.json").read_text())["done"]
-    assert list(done) == ["shard-00000-of-00002.h5"]
-    kept = (out / "shard-00000-of-00002.h5").stat()
+    assert len(done) == 1 and next(iter(done)).startswith("shard-00000-of-00002.")
+    first = next(iter(done))
+    kept = (out / first).stat()
     with LabeledNums.create(out, src, shard_size=20, mode="w", resume=True, n_workers=1, progress=False) as ds:
         assert_same(ds, one)
-    assert (out / "shard-00000-of-00002.h5").stat().st_ino == kept.st_ino
+        names = [e["file"] for e in ds.manifest["shards"]]
+    assert names[0] == first and (out / first).stat().st_ino == kept.st_ino
     # The replaced dataset's shards are gone, and the hidden files of the failed build.
-    assert sorted(p.name for p in out.iterdir()) == ["index.json", "shard-00000-of-00002.h5", "shard-00001-of-00002.h5"]
+    assert sorted(p.name for p in out.iterdir()) == ["index.json", *names]
     assert old == [f"shard-0000{k}-of-00004.h5" for k in range(4)]
+
+
+def test_a_replacement_killed_midway_leaves_the_old_dataset_opening(unsharded, tmp_path):
+    # SIGKILL at a random point of a replacement: the old dataset still opens, with its data;
+    # a resume finishes the new one and removes the old shards.
+    src, one, _ = unsharded
+    out = tmp_path / "ds"
+    LabeledNums.create(out, src, shard_size=10, n_workers=1, progress=False).close()
+    old_files = {p.name: p.read_bytes() for p in out.iterdir()}
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(ROOT)!r})
+        from tests.ingest_schemas import PacedLabeledNums
+        PacedLabeledNums.create({str(out)!r}, {str(src)!r}, shard_size=8, mode="w", n_workers=1, progress=False)
+    """)
+    env = dict(os.environ, H5STORE_TEST_LOAD_DELAY="0.05")
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    draft = out / ".index.draft.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if json.loads(draft.read_text())["done"]:
+                break
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    assert proc.poll() is None, "the replacement finished (or failed) before a shard was complete"
+    time.sleep(float(np.random.default_rng().uniform(0, 0.3)))  # somewhere in the next shards
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for name, data in old_files.items():
+        assert (out / name).read_bytes() == data, f"{name} of the old dataset changed"
+    with h5s.open(out) as ds:
+        assert_same(ds, one)
+    assert verify_sharded(out)
+    from tests.ingest_schemas import PacedLabeledNums
+
+    with PacedLabeledNums.create(out, src, shard_size=8, mode="w", resume=True, n_workers=1, progress=False) as ds:
+        assert_same(ds, one)
+        names = [e["file"] for e in ds.manifest["shards"]]
+    assert len(names) == 4 and not set(names) & set(old_files)
+    assert sorted(p.name for p in out.iterdir()) == sorted(["index.json", *names])
+    check_manifest(out, len(one))
 
 
 # ----------------------------------------------------------------------------- resume after a kill
