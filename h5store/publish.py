@@ -499,6 +499,47 @@ def _add_to_message(e: BaseException, note: str) -> None:
         e.add_note(note.lstrip("; "))
 
 
+def _build_and_upload(name: str, build: Callable[[str], Any], upload: Callable[[str], Any], url: str,
+                     built_whole: str, room_for: str) -> tuple[Any, Any]:
+    """``build(local)`` in a fresh build folder in ``TMPDIR`` (``local`` = ``folder/name``), then
+    ``upload(local)``; the folder is removed afterwards, whatever happened.
+
+    What an ``s3://`` create (one file or sharded) shares: a full ``TMPDIR`` names itself in
+    the error (``"<built_whole> in TMPDIR (...) before the upload: point TMPDIR at a disk with
+    room for <room_for>"``), and a build whose upload failed is kept there
+    (``h5store-unpublished-*``) with the ``h5store push`` command for ``url`` in the error.
+    Returns the build's ``.report`` and what ``upload`` returned.
+
+    Examples
+    --------
+    >>> report, done = _build_and_upload("speech.h5", lambda p: Speech.create(p, "wavs/"),  # doctest: +SKIP
+    ...                                 lambda p: push(p, "s3://b/speech.h5"), "s3://b/speech.h5",
+    ...                                 "s3://b/speech.h5 is built whole", "the whole file")
+    """
+    tmp = tempfile.gettempdir()
+    folder, lock = _build_folder(tmp)
+    try:
+        local = os.path.join(folder, name)
+        try:
+            built = build(local)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                _add_to_message(e, f"; {built_whole} in TMPDIR ({tmp}) before the upload: point TMPDIR at a disk with "
+                                   f"room for {room_for} (TMPDIR=/big/tmp)")
+            raise
+        report = getattr(built, "report", None)
+        built.close()
+        try:
+            done = upload(local)
+        except BaseException as e:
+            _keep_build(local, tmp, url, e)  # hours of create are not lost to a network error
+            raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock)
+    return report, done
+
+
 def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFile], *, mode: str | None,
                   resume: bool, storage_options: dict[str, Any] | None = None,
                   part_bytes: int = PART_BYTES) -> TypedFile:
@@ -533,30 +574,15 @@ def create_remote(cls: type[TypedFile], url: str, build: Callable[[str], TypedFi
                          "`h5store push FILE URL`")
     obj = _remote(url, storage_options, 120.0, 4)
     _target(url, mode == "w", obj, 'mode="w"')  # before the build: a refusal costs nothing
-    tmp = tempfile.gettempdir()
-    folder, lock = _build_folder(tmp)
-    try:
-        local = os.path.join(folder, os.path.basename(obj.key))
-        try:
-            built = build(local)
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                _add_to_message(e, f"; {url} is built whole in TMPDIR ({tmp}) before its upload: point TMPDIR at "
-                                   "a disk with room for the whole file (TMPDIR=/big/tmp)")
-            raise
-        report = getattr(built, "report", None)
-        built.close()
-        try:
-            # Again now, after a build of maybe hours: an object published meanwhile is not
-            # replaced (and the store itself refuses, with If-None-Match, one put in between).
-            _target(url, mode == "w", obj, 'mode="w"')
-            done = _upload(local, obj, part_bytes, 4, if_absent=mode != "w")
-        except BaseException as e:
-            _keep_build(local, tmp, url, e)  # hours of create are not lost to a network error
-            raise
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.close(lock)
+
+    def upload(local: str) -> Upload:
+        # Again now, after a build of maybe hours: an object published meanwhile is not
+        # replaced (and the store itself refuses, with If-None-Match, one put in between).
+        _target(url, mode == "w", obj, 'mode="w"')
+        return _upload(local, obj, part_bytes, 4, if_absent=mode != "w")
+
+    report, done = _build_and_upload(os.path.basename(obj.key), build, upload, url,
+                                    f"{url} is built whole", "the whole file")
     out = cls(url, mode="r", **({"storage_options": storage_options} if storage_options else {}))
     out.report = report  # type: ignore[attr-defined]
     out.upload = done  # type: ignore[attr-defined]

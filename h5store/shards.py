@@ -39,11 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import math
 import os
-import shutil
 import tempfile
 import time
 import uuid
@@ -611,30 +609,14 @@ def create_sharded_remote(url: str, build: Callable[[str], Any], *, mode: str | 
     prefix, murl = dataset_urls(url)
     obj = publish._remote(murl, storage_options, 120.0, 4)
     publish._target(murl, replace, obj, 'mode="w"')  # before the build: a refusal costs nothing
-    tmp = tempfile.gettempdir()
-    work, lock = publish._build_folder(tmp)
-    try:
-        local = os.path.join(work, prefix.rsplit("/", 1)[-1] or "dataset")
-        try:
-            built = build(local)
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                publish._add_to_message(e, f"; {murl}'s shards are built whole in TMPDIR ({tmp}) before their "
-                                           "upload: point TMPDIR at a disk with room for the whole dataset "
-                                           "(TMPDIR=/big/tmp)")
-            raise
-        report = getattr(built, "report", None)
-        built.close()
-        try:
-            folder, manifest_path, manifest = _local_shards(local, deep=False, files=False)  # just built
-            done = _send_sharded(folder, manifest_path, manifest, murl, replace, 'mode="w"', publish.PART_BYTES, 4,
-                                 storage_options, 120.0, 4)
-        except BaseException as e:
-            publish._keep_build(local, tmp, prefix, e)  # hours of create are not lost to a network error
-            raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-        os.close(lock)
+
+    def upload(local: str) -> Any:
+        folder, manifest_path, manifest = _local_shards(local, deep=False, files=False)  # just built
+        return _send_sharded(folder, manifest_path, manifest, murl, replace, 'mode="w"', publish.PART_BYTES, 4,
+                             storage_options, 120.0, 4)
+
+    report, done = publish._build_and_upload(prefix.rsplit("/", 1)[-1] or "dataset", build, upload, prefix,
+                                            f"{murl}'s shards are built whole", "the whole dataset")
     out = open_sharded(murl, opener=opener, **({"storage_options": storage_options} if storage_options else {}))
     out.report = report
     out.upload = done
