@@ -51,8 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 from h5store import publish
 from h5store.errors import FormatError, H5StoreError, RemoteError, SchemaError, TargetExistsError
+from h5store.handle import REMOTE_OPTIONS
 from h5store.ingest import IngestReport, create, plan_sources
-from h5store.objstore import RemoteObject, is_remote, split_url
+from h5store.objstore import RemoteObject, is_remote, register, split_url
 from h5store.pio import fsync_dir
 from h5store.schema import Feature, Source
 from h5store.serving.multifile import MultiFile, schema_hash
@@ -811,7 +812,9 @@ def _open_shards(folder: str, manifest: dict[str, Any], remote: bool, opener: An
         for e in manifest["shards"]:
             sp = f"{folder}/{e['file']}" if remote else os.path.join(folder, e["file"])
             try:
-                size = (RemoteObject(sp, storage_options=options.get("storage_options")).size if remote
+                # Remote: the object the open below reads (registered with the same options), so
+                # one HEAD per shard gives both the size checked here and the version opened.
+                size = (register(sp, **{k: options[k] for k in REMOTE_OPTIONS if k in options}).size if remote
                         else os.path.getsize(sp))
             except FileNotFoundError:
                 raise FileNotFoundError(f"{sp}: shard missing ({folder}/{MANIFEST} lists it); "

@@ -9,6 +9,7 @@ leave nothing visible (an old object stays the old one); errors name the URL, in
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shutil
@@ -570,6 +571,15 @@ def test_cli_sharded_create_to_s3(server: S3Server, tmp_path: Path, tmpdir_env: 
     assert not (tmp_path / "s3:").exists()
     with h5s.open(f"{url}/index.json") as f:
         assert len(f) == 9 and len(f.files) == 3
+    # Opening it in a fresh process: one HEAD per shard (its size checked against the manifest
+    # is the version the open reads), not one to check and another to open.
+    server.reset()
+    code = f"import h5store as h5s; ds = h5s.open({url + '/index.json'!r}); print(len(ds.files)); ds.close()"
+    opened = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert opened.stdout.strip() == "3", opened.stderr
+    heads = collections.Counter(p for m, p, _ in server.requests if m == "HEAD" and "/shard-" in p)
+    assert len(heads) == 3 and set(heads.values()) == {1}, heads
     again = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1
     assert f"{url}/index.json already exists: pass --overwrite" in again.stderr, again.stderr
