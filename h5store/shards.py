@@ -42,6 +42,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -494,8 +495,15 @@ def _local_shards(path: str, deep: bool, files: bool = True) -> tuple[str, str, 
     return folder, manifest_path, manifest
 
 
+_TAGGED = re.compile(r"(shard-\d+-of-\d+)\.[0-9a-f]+(\.h5)")
+
+
 def _upload_name(name: str, tag: str) -> str:
-    """A shard's name in the store for one upload: ``shard-00000-of-00004.<tag>.h5``."""
+    """A shard's name for one build or upload: ``shard-00000-of-00004.<tag>.h5`` (a name that
+    carries another build's tag, as a replaced local folder's shards do, takes this one's)."""
+    m = _TAGGED.fullmatch(name)
+    if m:
+        return f"{m.group(1)}.{tag}{m.group(2)}"
     stem, dot, ext = name.rpartition(".")
     return f"{stem}.{tag}.{ext}" if dot else f"{name}.{tag}"
 

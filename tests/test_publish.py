@@ -43,6 +43,7 @@ from h5store.errors import (
 from h5store.integrity import verify
 from h5store.journal import recover
 from h5store.publish import push
+from h5store.shards import read_manifest
 from tests.ingest_schemas import Numbers
 from tests.s3_server import ProcessS3Server, S3Server, running_with_env
 from tests.test_remote import _same
@@ -556,6 +557,23 @@ def test_a_failed_sharded_upload_keeps_the_build_for_push(server: S3Server, tmp_
     said = capsys.readouterr().out.strip().splitlines()
     assert len(said) == 1 and said[0].startswith(f"{url}/index.json: uploaded 3 shards, then the manifest"), said
     with h5s.open(f"{url}/index.json") as ds, h5s.open(kept[0]) as loc:
+        assert list(ds.ids) == list(loc.ids) and len(ds) == 12
+
+
+def test_push_of_a_replaced_local_folder_names_each_shard_with_one_tag(server: S3Server, tmp_path: Path) -> None:
+    # A replaced local dataset's shards carry their build's tag; pushed, they take the upload's instead.
+    src = _sources(tmp_path / "src", n=12)
+    local = tmp_path / "ds"
+    Pub.create(local, src, shard_size=5, n_workers=1, progress=False).close()
+    Pub.create(local, src, shard_size=6, mode="w", n_workers=1, progress=False).close()
+    names = [e["file"] for e in read_manifest(local)["shards"]]
+    assert all(re.fullmatch(r"shard-0000[01]-of-00002\.[0-9a-f]{12}\.h5", n) for n in names), names
+    url = _url("ds").rpartition("/")[0] + "/ds"
+    assert main(["push", str(local), url]) == 0
+    keys = _keys(server, url, tags=True)
+    assert len(keys) == 3 and keys[0] == "index.json", keys
+    assert all(re.fullmatch(r"shard-0000[01]-of-00002\.[0-9a-f]+\.h5", k) for k in keys[1:]), keys
+    with h5s.open(f"{url}/index.json") as ds, h5s.open(local) as loc:
         assert list(ds.ids) == list(loc.ids) and len(ds) == 12
 
 
