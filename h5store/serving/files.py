@@ -14,6 +14,7 @@ one: global position ``p`` is row ``p - starts[k]`` of file ``k``, found with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -64,7 +65,15 @@ class FileSet:
         except TypeError:
             self._source = None
         files = source.files if isinstance(source, MultiFile) else [source]
-        self.files = [reader_copy(f) for f in files]
+        # The read-only copies the last FileSet of this source left open (see keep_checked),
+        # while no file changed on disk since: an epoch of ``f.iter_batches`` then reopens none.
+        self.files = self._kept_files(files) or [reader_copy(f) for f in files]
+        # os.stat of each local file (device, inode, size, mtime, ctime), noted before the
+        # copies open, so that their snapshots are this state or a later one; carried to
+        # workers: a file rewritten in place under the same inode (`cp`, h5py.File(path,
+        # "w")) changes it, and the items checked before are checked again.
+        self._stamps: list[tuple[int, ...] | None] = [None] * len(self.files)
+        self.watch()
         self.group = group
         # Served through concat(): ids are named with their file ("path::id"), see Id.
         self.concat = isinstance(source, MultiFile) and not source.unique_ids
@@ -99,10 +108,6 @@ class FileSet:
         # moved to the path: a create(mode="w"), an atomic rename) raises instead of reading
         # its bytes through these tables (and the shared "checked" flags of the old file).
         self._ident: list[tuple[int, int] | None] = [None] * len(self.files)
-        # os.stat of each local file when its tables were read (device, inode, size, mtime,
-        # ctime), carried to workers: a file rewritten in place under the same inode (`cp`,
-        # h5py.File(path, "w")) changes it, and the items checked before are checked again.
-        self._stamps: list[tuple[int, ...] | None] = [None] * len(self.files)
         self._rewritten: set[int] = set()  # files seen changing in this process (for messages)
         self.alloc = np.empty
 
@@ -237,7 +242,33 @@ class FileSet:
                 col.close_reader()
             for f in self.files:
                 f.close()
+            source = self._source() if self._source is not None else None
+            with _KEPT_LOCK, contextlib.suppress(TypeError):
+                if source is not None and _KEPT_FILES.get(source, (0, (), []))[2] is self.files:
+                    del _KEPT_FILES[source]  # closed: the next FileSet opens copies of its own
         self._cols = {}
+
+    def _kept_files(self, files: Sequence[Any]) -> list[Any] | None:
+        """The copies of ``files`` an earlier FileSet of the same source left (keep_checked),
+        when they are still open in this process and every file's ``os.stat`` state is the one
+        they were served at (no commit, no file moved to the path, no rewrite since); else None."""
+        source = self._source() if self._source is not None else None
+        if source is None:
+            return None
+        with _KEPT_LOCK:
+            try:
+                kept = _KEPT_FILES.get(source)
+            except TypeError:
+                return None
+        if kept is None:
+            return None
+        pid, stamps, copies = kept
+        if pid != os.getpid() or len(copies) != len(files):
+            return None
+        for f, c, st in zip(files, copies, stamps):
+            if c.path != f.path or not _snapshot_here(c) or st != _stat(c.path):
+                return None
+        return copies
 
     def _table(self, k: int, name: str, what: str) -> np.ndarray:
         """Table ``what`` ("index" or "checksums") of file ``k``, cut to the served snapshot."""
@@ -275,11 +306,7 @@ class FileSet:
     def _stamp(self, k: int) -> tuple[int, ...] | None:
         if getattr(getattr(self.files[k], "_handle", None), "remote", False):
             return None
-        try:
-            st = os.stat(self.files[k].path)
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+        return _stat(self.files[k].path)
 
     def watch(self) -> None:
         """Note each local file's state (os.stat) now, when its tables are read, unless noted."""
@@ -348,7 +375,17 @@ class FileSet:
         these flags when every file is unchanged on disk since (the same ``os.stat`` state,
         noted when the tables were read). Remote files are never kept: a new open may read a
         new version of an object."""
-        if not self.verify or any(st is None for st in self._stamps):
+        if any(st is None for st in self._stamps):
+            return
+        if (self._pid == os.getpid() and not self._rewritten and self._source is not None
+                and all(_stat(f.path) == st for f, st in zip(self.files, self._stamps))):
+            # The copies, for the next FileSet of the source; only while no file changed since
+            # its state was noted, before the copies opened (their snapshots are that state).
+            source = self._source()
+            with _KEPT_LOCK, contextlib.suppress(TypeError):
+                if source is not None:
+                    _KEPT_FILES[source] = (self._pid, tuple(self._stamps), self.files)
+        if not self.verify:
             return
         kept = self._kept()
         for name in list(self._checked):
@@ -619,7 +656,19 @@ class FileSet:
 #: FileSet of the same source: (group, feature, items) -> (os.stat states, one bool per item).
 _KEPT: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, int], tuple[tuple[Any, ...], np.ndarray]]] = \
     weakref.WeakKeyDictionary()
+#: The read-only copies the last FileSet of a source opened, for the next one (see keep_checked):
+#: source -> (pid, os.stat states when served, copies).
+_KEPT_FILES: weakref.WeakKeyDictionary[Any, tuple[int, tuple[Any, ...], list[Any]]] = weakref.WeakKeyDictionary()
 _KEPT_LOCK = threading.Lock()
+
+
+def _stat(path: str) -> tuple[int, ...] | None:
+    """What says a local file changed: (device, inode, size, mtime, ctime); None if it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _identity(f: Any) -> tuple[int, int] | None:
