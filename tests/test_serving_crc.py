@@ -462,6 +462,16 @@ def test_the_next_epochs_dataset_reuses_the_open_copies_until_a_file_changes(tmp
     multi = h5s.concat([served])
     got = epoch()
     assert sorted(got) == sorted(theirs) and all(np.array_equal(got[i], theirs[i]) for i in theirs)
+    # Two iterators at once never share copies: closing one leaves the other reading.
+    epoch()
+    it1 = multi.iter_batches(batch, 4, threads=2)
+    next(it1)
+    it2 = multi.iter_batches(batch, 4, threads=2)
+    assert it1.dataset.files.files is not it2.dataset.files.files
+    it1.close()
+    it1.dataset.close()
+    got = {i.split("::")[-1]: x[:n] for b in it2 for i, x, n in zip(b["i"], b["x"], b["x_lengths"])}
+    assert sorted(got) == sorted(theirs) and all(np.array_equal(got[i], theirs[i]) for i in theirs)
     # A closed dataset's copies are closed: the next one opens its own.
     ds = FileDataset(multi, batch)
     ds.files.keep_checked()

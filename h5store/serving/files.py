@@ -109,6 +109,7 @@ class FileSet:
         # its bytes through these tables (and the shared "checked" flags of the old file).
         self._ident: list[tuple[int, int] | None] = [None] * len(self.files)
         self._rewritten: set[int] = set()  # files seen changing in this process (for messages)
+        self._left = False  # the copies were left for the next FileSet of the source (keep_checked)
         self.alloc = np.empty
 
     def __getstate__(self) -> dict[str, Any]:
@@ -251,13 +252,17 @@ class FileSet:
     def _kept_files(self, files: Sequence[Any]) -> list[Any] | None:
         """The copies of ``files`` an earlier FileSet of the same source left (keep_checked),
         when they are still open in this process and every file's ``os.stat`` state is the one
-        they were served at (no commit, no file moved to the path, no rewrite since); else None."""
+        they were served at (no commit, no file moved to the path, no rewrite since); else None.
+
+        Taken, not shared: a FileSet made while another still serves the same source (an
+        iterator not finished) opens copies of its own, so that closing one never closes the
+        descriptors the other reads through."""
         source = self._source() if self._source is not None else None
         if source is None:
             return None
         with _KEPT_LOCK:
             try:
-                kept = _KEPT_FILES.get(source)
+                kept = _KEPT_FILES.pop(source, None)  # taken: two FileSets never share copies
             except TypeError:
                 return None
         if kept is None:
@@ -377,10 +382,12 @@ class FileSet:
         new version of an object."""
         if any(st is None for st in self._stamps):
             return
-        if (self._pid == os.getpid() and not self._rewritten and self._source is not None
+        if (self._pid == os.getpid() and not self._rewritten and self._source is not None and not self._left
                 and all(_stat(f.path) == st for f, st in zip(self.files, self._stamps))):
-            # The copies, for the next FileSet of the source; only while no file changed since
-            # its state was noted, before the copies opened (their snapshots are that state).
+            # The copies, for the next FileSet of the source (once: the next may have taken
+            # them already); only while no file changed since its state was noted, before the
+            # copies opened (their snapshots are that state).
+            self._left = True
             source = self._source()
             with _KEPT_LOCK, contextlib.suppress(TypeError):
                 if source is not None:
