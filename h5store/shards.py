@@ -57,6 +57,7 @@ from h5store.ingest import IngestReport, create, plan_sources
 from h5store.objstore import RemoteObject, is_remote, register, split_url
 from h5store.pio import fsync_dir
 from h5store.schema import Feature, Source
+from h5store.serving.files import release_kept
 from h5store.serving.multifile import MultiFile, schema_hash
 
 if TYPE_CHECKING:
@@ -931,6 +932,7 @@ class ShardedDataset(MultiFile):
         raise AttributeError(f"{type(self).__name__} has no attribute or feature {name!r}")
 
     def close(self) -> None:
+        release_kept(self)  # the copies its last iter_batches left open for the next
         for f in self.files:
             f.close()
 

@@ -37,6 +37,7 @@ from h5store.objstore import is_remote, replaced
 from h5store.schema import Feature, Schema
 from h5store.schema_merge import check_names, merge, with_fixed, with_learned
 from h5store.serving import api as _serving_api
+from h5store.serving.files import release_kept
 
 __all__ = ["TypedFile", "open"]
 
@@ -496,6 +497,7 @@ class TypedFile:
                     raise
             for view in self._groups.values():
                 view.store.close_readers()
+        release_kept(self)  # the copies its last iter_batches left open for the next
         self._handle.close()
         self._groups = {}
         self._pid = -1

@@ -479,3 +479,21 @@ def test_the_next_epochs_dataset_reuses_the_open_copies_until_a_file_changes(tmp
     ds.close()
     assert multi not in _KEPT_FILES
     assert epoch().keys() == theirs.keys()
+
+
+def test_closing_the_file_closes_the_copies_its_epochs_left_open(tmp_path: Path) -> None:
+    import os
+
+    from h5store.serving.files import _KEPT_FILES
+    from tests.test_integrity import Clip
+
+    served, _, mel = _two_files(tmp_path)
+    before = len(os.listdir("/proc/self/fd"))
+    f = Clip(served)
+    for _ in range(3):
+        assert sum(len(b["i"]) for b in f.iter_batches(dict(x=h5s.Item("mel"), i=h5s.Id()), 4, threads=2)) == len(mel)
+    copy = _KEPT_FILES[f][2][0]
+    assert copy.serves_own_snapshot
+    f.close()
+    assert f not in _KEPT_FILES and not copy.serves_own_snapshot
+    assert len(os.listdir("/proc/self/fd")) <= before, "descriptors outlived the closed file"

@@ -669,6 +669,19 @@ _KEPT_FILES: weakref.WeakKeyDictionary[Any, tuple[int, tuple[Any, ...], list[Any
 _KEPT_LOCK = threading.Lock()
 
 
+def release_kept(source: Any) -> None:
+    """Close the read-only copies that served ``source`` and were left for its next dataset
+    (called when ``source`` itself is closed: its descriptors do not outlive it)."""
+    with _KEPT_LOCK:
+        try:
+            kept = _KEPT_FILES.pop(source, None)
+        except TypeError:
+            return
+    if kept is not None and kept[0] == os.getpid():
+        for f in kept[2]:
+            f.close()
+
+
 def _stat(path: str) -> tuple[int, ...] | None:
     """What says a local file changed: (device, inode, size, mtime, ctime); None if it cannot be stat'ed."""
     try:
