@@ -27,7 +27,8 @@ import h5store as h5s
 ROOT = Path(__file__).resolve().parents[1]
 # 4 s give ~80-120 commits and readers that see ~60-110 of them on this 2-core machine, even at a
 # load average of 6 (20 s gave ~5x that, and checked nothing more); MIN_COMMITS keeps the writer
-# going on a slower machine until the readers have had enough commits to follow.
+# going on a slower machine, and a hold file until the readers have followed 10 commits (under a
+# heavier load, 4 s once gave readers only 8).
 WRITE_SECONDS = 4.0
 MIN_COMMITS = 40
 
@@ -65,14 +66,17 @@ def check(f: h5s.TypedFile, positions: np.ndarray) -> int:
 
 
 WRITER = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     sys.path.insert(0, {root!r})
     from tests.test_concurrent import Live, record, rid
     f = Live({path!r}, mode="a")
     n = len(f)
     end = time.monotonic() + {seconds!r}
+    cap = time.monotonic() + 120  # the hold file keeps it going (a loaded machine), up to this
     commits = 0
-    while time.monotonic() < end or commits < {min_commits!r}:
+    hold = {hold!r}
+    while (time.monotonic() < end or commits < {min_commits!r}
+           or (hold and os.path.exists(hold) and time.monotonic() < cap)):
         f.extend([(rid(i), record(i)) for i in range(n, n + 50)])
         n += 50
         f.commit()
@@ -83,8 +87,11 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def start_writer(path: Path, seconds: float, min_commits: int = 0) -> subprocess.Popen[str]:
-    script = WRITER.format(root=str(ROOT), path=str(path), seconds=seconds, min_commits=min_commits)
+def start_writer(path: Path, seconds: float, min_commits: int = 0, hold: Path | None = None) -> subprocess.Popen[str]:
+    """The writer process: commits for ``seconds`` and at least ``min_commits`` times, and on while
+    the file ``hold`` exists (the readers have not yet followed enough commits; 120 s at most)."""
+    script = WRITER.format(root=str(ROOT), path=str(path), seconds=seconds, min_commits=min_commits,
+                           hold=None if hold is None else str(hold))
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -139,13 +146,17 @@ def test_dataloader_workers_read_while_a_writer_commits(tmp_path, method):
     try:
         it = iter(loader)
         next(it)  # workers are up (spawn takes seconds): now start the writer
-        writer = start_writer(path, WRITE_SECONDS, MIN_COMMITS)
+        hold = tmp_path / "hold"  # removed once the readers have followed 10 commits
+        hold.touch()
+        writer = start_writer(path, WRITE_SECONDS, MIN_COMMITS, hold)
         while writer.poll() is None:
             for n, bad, pid in next(it):
                 checked += 1
                 mismatches += bad
                 sizes.add(n)
                 workers.add(pid)
+            if len(sizes) >= 10:
+                hold.unlink(missing_ok=True)
         for _ in range(20):  # and a little after the writer closed
             for n, bad, _pid in next(it):
                 mismatches += bad

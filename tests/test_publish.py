@@ -682,7 +682,11 @@ def test_killed_push_leaves_the_old_object(server: S3Server, tmp_path: Path, sig
     server.reset()
     server.put_delay_s = 1.0  # every part takes a second: the kill lands mid-upload
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "h5store.cli", "push", str(new), url, "--overwrite",
+    # The CLI as a terminal runs it: Ctrl-C raises KeyboardInterrupt even when this test runs in
+    # the background (where the shell starts everything with SIGINT ignored, and Python keeps that).
+    cli = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           "from h5store.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", cli, "push", str(new), url, "--overwrite",
                              "--part-size", "5", "--concurrency", "1"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
