@@ -125,7 +125,19 @@ def rss_child(path: str, batches: int) -> dict[str, float]:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+    def parts() -> tuple[int, int]:
+        """(RssAnon, RssFile + RssShmem) now: private memory, and pages of files mapped."""
+        got = {}
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                    key, value = line.split(":")
+                    got[key] = int(value.split()[0]) * 1024
+        return got.get("RssAnon", 0), got.get("RssFile", 0) + got.get("RssShmem", 0)
+
     base = rss()
+    base_anon, base_file = parts()
+    peak_anon, peak_file = base_anon, base_file
     f = C.Small(path)
     for getter, bs in ((h5s.Item("mel"), ITEM_BATCH), (h5s.Window("mel", WINDOW), WINDOW_BATCH)):
         loader = f.serve(dict(x=getter), bs, shuffle=True)
@@ -133,6 +145,8 @@ def rss_child(path: str, batches: int) -> dict[str, float]:
         while served < batches:  # epochs follow each other until enough batches were served
             for _ in loader:
                 served += 1
+                anon, mapped = parts()
+                peak_anon, peak_file = max(peak_anon, anon), max(peak_file, mapped)
                 if served >= batches:
                     break
         del loader
@@ -142,7 +156,8 @@ def rss_child(path: str, batches: int) -> dict[str, float]:
     with open("/proc/self/status") as fh:
         peak = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
     f.close()
-    return {"base": base, "after": opened, "peak": peak}
+    return {"base": base, "after": opened, "peak": peak, "base_anon": base_anon, "peak_anon": peak_anon,
+            "base_file": base_file, "peak_file": peak_file}
 
 
 def memory(paths: dict[int, Path], cfg: Config) -> dict[int, dict[str, float]]:
@@ -202,18 +217,32 @@ def render(paths: dict[int, Path], tp: dict[tuple[str, int], C.Timing], mem: dic
     lines += [f"### Peak RSS, fresh process ({C.table_load(loads['memory'])})", "",
               f"A fresh process imports torch and h5store (RSS 'after imports'), opens the file, serves "
               f"{cfg.rss_batches} batches of whole items and {cfg.rss_batches} of windows; 'peak' is its "
-              "`VmHWM` (high-water RSS), 'growth' the peak over the RSS after imports.", ""]
+              "`VmHWM` (high-water RSS), 'growth' the peak over the RSS after imports. RSS counts two kinds "
+              "of pages, sampled after every batch: private memory (`RssAnon`: tables, buffers, Python "
+              "objects: what the process costs) and pages of files it maps (`RssFile` + `RssShmem`: the "
+              "data file's pages that reads copied from its mapping, which are the page cache's, shared "
+              "with every process and reclaimable, plus the shared checked flags).", ""]
     rows = []
-    g0 = mem[first]["peak"] - mem[first]["base"] if first in mem else float("nan")
+
+    def per_item(m: dict[str, float], key: str, n: int) -> str:
+        f0 = mem.get(first)
+        if n == first or f0 is None or f"peak_{key}" not in m:
+            return "-"
+        g, g0 = m[f"peak_{key}"] - m[f"base_{key}"], f0[f"peak_{key}"] - f0[f"base_{key}"]
+        return f"{(g - g0) / max(n - first, 1):,.0f}"
+
     for n in sizes:
         m = mem.get(n)
         if m is None:
             continue
         growth = m["peak"] - m["base"]
+        anon = m.get("peak_anon", float("nan")) - m.get("base_anon", float("nan"))
+        mapped = m.get("peak_file", float("nan")) - m.get("base_file", float("nan"))
         rows.append([f"{n:,}", f"{m['base'] / 2**20:,.0f}", f"{m['peak'] / 2**20:,.0f}", f"{growth / 2**20:,.1f}",
-                     f"{(growth - g0) / max(n - first, 1):,.0f}" if n != first else "-"])
-    lines += [C.md_table(["items", "RSS after imports MiB", "peak RSS MiB", "growth MiB",
-                          f"bytes per item beyond {first:,}"], rows), ""]
+                     f"{anon / 2**20:,.1f}", per_item(m, "anon", n), f"{mapped / 2**20:,.1f}", per_item(m, "file", n)])
+    lines += [C.md_table(["items", "RSS after imports MiB", "peak RSS MiB", "growth MiB", "private growth MiB",
+                          f"private bytes per item beyond {first:,}", "mapped file growth MiB",
+                          "mapped bytes per item"], rows), ""]
     flat = [tp[(g, sizes[-1])].rate / tp[(g, first)].rate for g in ("item", "window")
             if (g, sizes[-1]) in tp and (g, first) in tp]
     if flat:
