@@ -62,6 +62,22 @@ def _version() -> str:
     return __version__
 
 
+def _refuse_getters(cls: type) -> None:
+    """A getter (``h5s.Label("spk")``, ``h5s.Item(...)``) as a schema's class attribute used to be
+    ignored without a word: the file then stored no such feature. Refused, saying what to write."""
+    from h5store.serving.getters import Getter
+
+    for name, value in vars(cls).items():
+        if isinstance(value, Getter):
+            raise SchemaError(
+                f"{cls.__name__}.{name} = {value!r} is a getter: it says what a batch serves "
+                f"(f.serve(dict({name}=...))), not what the file stores. Declare the stored feature with a "
+                f"Feature, e.g. {name} = h5s.Scalar(dtype='int64') for class indices, h5s.Text() for strings, "
+                "h5s.DirLabel() for the folder's name, h5s.Array(...) for arrays; then serve it with "
+                f"dict({name}={type(value).__name__}({name!r}))"
+            )
+
+
 class TypedFile:
     """A schema class whose instances are open h5store files.
 
@@ -110,6 +126,7 @@ class TypedFile:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _refuse_getters(cls)
         cls.schema = Schema.collect(cls)
         check_names(cls, set(dir(TypedFile)) | {"report"})  # ``create`` sets ``f.report``
 

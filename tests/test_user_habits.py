@@ -82,6 +82,22 @@ def test_group_feature_named_like_a_view_member_is_refused():
         type("Run", (h5s.TypedFile,), {"logs": h5s.Group(describe=h5s.Array())})
 
 
+def test_a_getter_declared_as_a_schema_attribute_is_refused_saying_what_to_write():
+    # ``label = h5s.Label("label")`` in a schema read as a stored label; it was ignored without a
+    # word, and the file stored no label.
+    with pytest.raises(SchemaError, match=r"Utt\.spk = Label\(feature='spk'\) is a getter.*"
+                                          r"spk = h5s\.Scalar\(dtype='int64'\).*h5s\.DirLabel\(\)"):
+        class Utt(h5s.TypedFile):
+            mel = h5s.Array(dtype="float32", shape=(None, 8))
+            spk = h5s.Label("spk")
+    with pytest.raises(SchemaError, match=r"Clip\.x = Item.* is a getter"):
+        class Clip(h5s.TypedFile):
+            x = h5s.Item("x")
+    # ``h5s.Label()`` with no feature, as a feature type would be written, says the same.
+    with pytest.raises(TypeError, match=r"h5s\.Label\('label'\).*label = h5s\.Scalar\(dtype='int64'\)"):
+        h5s.Label()
+
+
 def test_ordinary_names_are_fine():
     cls = type("Speech", (h5s.TypedFile,), {"mel": h5s.Array(), "label": h5s.Scalar(), "name": h5s.Text(),
                                             "logs": h5s.Group(loss=h5s.Array(), step=h5s.Scalar())})

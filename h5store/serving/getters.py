@@ -485,7 +485,12 @@ class Label(Getter):
     >>> batch = dict(x=h5s.Window("mel", 64), y=h5s.Label("label"))  # doctest: +SKIP
     """
 
-    def __init__(self, feature: str) -> None:
+    def __init__(self, feature: str | None = None) -> None:
+        if not isinstance(feature, str):
+            # What a user of datasets/h5mapper writes for a schema's label column: say what to write.
+            raise TypeError(f"h5s.Label(feature) serves a stored feature, named by a str: h5s.Label('label'), got "
+                            f"{feature!r}; to store a label, declare a Feature in the schema: "
+                            "label = h5s.Scalar(dtype='int64'), h5s.Text() or h5s.DirLabel()")
         self.feature = feature
         self.features = (feature,)
 
