@@ -497,3 +497,25 @@ def test_closing_the_file_closes_the_copies_its_epochs_left_open(tmp_path: Path)
     f.close()
     assert f not in _KEPT_FILES and not copy.serves_own_snapshot
     assert len(os.listdir("/proc/self/fd")) <= before, "descriptors outlived the closed file"
+
+
+def test_files_opened_afresh_every_epoch_keep_a_bounded_number_of_copies_open(tmp_path: Path) -> None:
+    """``for e in ...: h5s.open(p).iter_batches(...)``: each open is a new source, freed only by
+    the cyclic garbage collector; at most ``_KEEP_SOURCES`` of them keep their copies open, the
+    others' copies are closed when they drop out."""
+    from h5store.serving import files as files_module
+    from h5store.serving.files import _KEPT_FILES
+
+    served, _, mel = _two_files(tmp_path)
+    batch = dict(x=h5s.Item("mel"), i=h5s.Id())
+    opened = []
+    for e in range(3 * files_module._KEEP_SOURCES):
+        f = h5s.open(served)
+        assert sum(len(b["i"]) for b in f.iter_batches(batch, 4, threads=2, epoch=e)) == len(mel)
+        opened.append(f)  # all still referenced: only the bound limits what stays open
+    assert len(_KEPT_FILES) <= files_module._KEEP_SOURCES
+    still_open = [c for f in opened if f in _KEPT_FILES for c in _KEPT_FILES[f][2] if c.serves_own_snapshot]
+    assert len(still_open) <= files_module._KEEP_SOURCES
+    for f in opened:
+        f.close()
+    assert not [f for f in opened if f in _KEPT_FILES]

@@ -389,9 +389,19 @@ class FileSet:
             # copies opened (their snapshots are that state).
             self._left = True
             source = self._source()
+            dropped: list[tuple[int, tuple[Any, ...], list[Any]]] = []
             with _KEPT_LOCK, contextlib.suppress(TypeError):
                 if source is not None:
                     _KEPT_FILES[source] = (self._pid, tuple(self._stamps), self.files)
+                    # A bounded number of sources: a file opened afresh every epoch (``for e in
+                    # ...: h5s.open(p).iter_batches(...)``) is freed only by the cyclic garbage
+                    # collector, and its kept copies' descriptors would wait for it too.
+                    while len(_KEPT_FILES) > _KEEP_SOURCES:
+                        dropped.append(_KEPT_FILES.pop(next(iter(_KEPT_FILES.keys()))))
+            for pid, _, copies in dropped:
+                if pid == os.getpid():
+                    for f in copies:
+                        f.close()
         if not self.verify:
             return
         kept = self._kept()
@@ -667,6 +677,8 @@ _KEPT: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, int], tuple[tuple[Any
 #: source -> (pid, os.stat states when served, copies).
 _KEPT_FILES: weakref.WeakKeyDictionary[Any, tuple[int, tuple[Any, ...], list[Any]]] = weakref.WeakKeyDictionary()
 _KEPT_LOCK = threading.Lock()
+#: At most this many sources keep their copies open (the least recently served are closed).
+_KEEP_SOURCES = 4
 
 
 def release_kept(source: Any) -> None:
