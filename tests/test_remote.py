@@ -832,7 +832,9 @@ def test_server_stopped_fails_in_bounded_time(tmp_path: Path, s3: S3Server) -> N
     try:
         path = make_mixed(tmp_path / "m.h5", n=20)
         url = own.put(BUCKET, "m.h5", str(path))
-        rem = h5s.open(url, storage_options={"endpoint_url": own.endpoint}, timeout=2, retries=2, retry_timeout=4)
+        # timeout=10: the read before the stop must not time out on a loaded machine (2 s once did,
+        # with two test runs at once); a stopped server refuses connections at once.
+        rem = h5s.open(url, storage_options={"endpoint_url": own.endpoint}, timeout=10, retries=2, retry_timeout=4)
         rem.mel[0]
     finally:
         own.stop()
