@@ -43,7 +43,10 @@ __all__ = ["TypedFile", "open"]
 
 # Writable files open in this process: committed at interpreter exit, buffered rows included,
 # as h5py flushes open files at exit (a script ending without close() keeps its records).
-_open_writers: weakref.WeakSet[TypedFile] = weakref.WeakSet()
+# Held strongly until closed: a writer dropped without close() (``Clip(p, mode="a").add(...)``)
+# stays open and is committed at exit, as the guide says. In a WeakSet it was committed only if
+# no garbage collection had run since: a collection freed it and its added items were lost.
+_open_writers: set[TypedFile] = set()
 
 
 def _commit_at_exit() -> None:
@@ -502,6 +505,7 @@ class TypedFile:
         ... finally:
         ...     f.close()  # releases the writer lock; the file is as of its last commit
         """
+        _open_writers.discard(self)
         if self._pid == os.getpid() and self._handle.is_open:
             if self.writable and self._handle.failure is None:
                 try:

@@ -339,6 +339,26 @@ raise SystemExit(0 if sys.argv[2] == "exit" else "error: the script failed")
 """
 
 
+DROPPED_WRITER = """
+import gc, sys, numpy as np
+from tests.test_handle import Speech
+Speech(sys.argv[1], "a").add("dropped", dict(mel=np.ones((2, 8)), text="no variable, no close"))
+gc.collect()  # any program's garbage collector, before it exits
+"""
+
+
+def test_a_writer_dropped_without_close_is_committed_at_exit_whatever_the_gc_did(tmp_h5: Path) -> None:
+    # Open writers were held in a WeakSet: a writer with no name (``Speech(p, "a").add(...)``) is
+    # in a reference cycle, and a garbage collection before the exit freed it uncommitted: its
+    # records were lost without a word. Writers are now held until closed.
+    build(tmp_h5)
+    out = subprocess.run([sys.executable, "-c", DROPPED_WRITER, str(tmp_h5)], capture_output=True, text=True,
+                         timeout=TIMEOUT, cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    with Speech(tmp_h5) as f:
+        assert f.text["dropped"] == "no variable, no close" and len(f) == 21
+
+
 @pytest.mark.parametrize("how", ["exit", "error"])
 def test_files_left_open_at_exit_are_committed_and_closed_cleanly(tmp_h5: Path, how: str) -> None:
     # HDF5 reads through Python file objects: closed only by the final garbage collection,
