@@ -65,6 +65,17 @@ def _version() -> str:
     return __version__
 
 
+def _weak_call(method: Any) -> Any:
+    """``method`` (bound) called through a weak reference to its object: a no-op once it is gone."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        m = ref()
+        return None if m is None else m(*args, **kwargs)
+
+    return call
+
+
 def _refuse_getters(cls: type) -> None:
     """A getter (``h5s.Label("spk")``, ``h5s.Item(...)``) as a schema's class attribute used to be
     ignored without a word: the file then stored no such feature. Refused, saying what to write."""
@@ -307,7 +318,10 @@ class TypedFile:
             tables = self._inherited.pop(name, None)
             if tables is not None:
                 store.adopt(tables)
-            view = self._groups[name] = GroupView(name, store, feats, on_fix=self._fixed)
+            # A weak call back: the view must not keep the file alive (a cycle, freed only by the
+            # cyclic collector, that held a dropped reader's descriptors until it ran). Writers
+            # are held by _open_writers until closed.
+            view = self._groups[name] = GroupView(name, store, feats, on_fix=_weak_call(self._fixed))
         return view
 
     def feature(self, name: str) -> FeatureView:
