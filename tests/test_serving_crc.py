@@ -500,9 +500,9 @@ def test_closing_the_file_closes_the_copies_its_epochs_left_open(tmp_path: Path)
 
 
 def test_files_opened_afresh_every_epoch_keep_a_bounded_number_of_copies_open(tmp_path: Path) -> None:
-    """``for e in ...: h5s.open(p).iter_batches(...)``: each open is a new source, freed only by
-    the cyclic garbage collector; at most ``_KEEP_SOURCES`` of them keep their copies open, the
-    others' copies are closed when they drop out."""
+    """``for e in ...: h5s.open(p).iter_batches(...)`` with every open kept alive: each is a new
+    source; at most ``_KEEP_SOURCES`` of them keep their copies open, the others' copies are
+    closed when they drop out."""
     from h5store.serving import files as files_module
     from h5store.serving.files import _KEPT_FILES
 

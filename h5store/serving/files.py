@@ -394,8 +394,8 @@ class FileSet:
                 if source is not None:
                     _KEPT_FILES[source] = (self._pid, tuple(self._stamps), self.files)
                     # A bounded number of sources: a file opened afresh every epoch (``for e in
-                    # ...: h5s.open(p).iter_batches(...)``) is freed only by the cyclic garbage
-                    # collector, and its kept copies' descriptors would wait for it too.
+                    # ...: h5s.open(p).iter_batches(...)``) and kept alive by the caller must not
+                    # keep every epoch's copies open.
                     while len(_KEPT_FILES) > _KEEP_SOURCES:
                         dropped.append(_KEPT_FILES.pop(next(iter(_KEPT_FILES.keys()))))
             for pid, _, copies in dropped:
