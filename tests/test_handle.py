@@ -370,3 +370,27 @@ def test_files_left_open_at_exit_are_committed_and_closed_cleanly(tmp_h5: Path, 
     with Speech(tmp_h5) as f:
         assert f.text["kept"] == "at exit" and len(f) == 21
     assert not Path(f"{tmp_h5}-journal").exists() and not Path(f"{tmp_h5}.writer").exists()
+
+
+def test_a_dropped_reader_is_freed_at_once(tmp_h5: Path) -> None:
+    # Group views held a bound method of their file: a reference cycle, so a dropped file (and
+    # the copies its last iter_batches left open for the next) waited for the cyclic collector.
+    import gc
+    import weakref
+
+    from h5store.serving.files import _KEPT_FILES
+
+    build(tmp_h5)
+    gc.disable()
+    try:
+        f = h5s.open(tmp_h5)
+        assert len(f) == 20 and f.text[f.ids[0]]
+        for _ in f.iter_batches(dict(x=h5s.Item("mel")), 4):
+            pass
+        copies = [weakref.ref(c) for c in _KEPT_FILES[f][2]]
+        ref = weakref.ref(f)
+        del f, _
+        assert ref() is None, "the file outlived its last reference"
+        assert all(c() is None for c in copies), "the copies left for its next epoch outlived it"
+    finally:
+        gc.enable()
