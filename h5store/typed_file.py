@@ -38,6 +38,7 @@ from h5store.schema import Feature, Schema
 from h5store.schema_merge import check_names, merge, with_fixed, with_learned
 from h5store.serving import api as _serving_api
 from h5store.serving.files import release_kept
+from h5store.serving.getters import Getter
 
 __all__ = ["TypedFile", "open"]
 
@@ -79,8 +80,6 @@ def _weak_call(method: Any) -> Any:
 def _refuse_getters(cls: type) -> None:
     """A getter (``h5s.Label("spk")``, ``h5s.Item(...)``) as a schema's class attribute used to be
     ignored without a word: the file then stored no such feature. Refused, saying what to write."""
-    from h5store.serving.getters import Getter
-
     for name, value in vars(cls).items():
         if isinstance(value, Getter):
             raise SchemaError(

@@ -65,15 +65,14 @@ class FileSet:
         except TypeError:
             self._source = None
         files = source.files if isinstance(source, MultiFile) else [source]
+        # os.stat of each local file (device, inode, size, mtime, ctime; None for a remote one),
+        # noted before the copies open, so that their snapshots are this state or a later one;
+        # carried to workers: a file rewritten in place under the same inode (`cp`,
+        # h5py.File(path, "w")) changes it, and the items checked before are checked again.
+        self._stamps: list[tuple[int, ...] | None] = [_state(f) for f in files]
         # The read-only copies the last FileSet of this source left open (see keep_checked),
         # while no file changed on disk since: an epoch of ``f.iter_batches`` then reopens none.
         self.files = self._kept_files(files) or [reader_copy(f) for f in files]
-        # os.stat of each local file (device, inode, size, mtime, ctime), noted before the
-        # copies open, so that their snapshots are this state or a later one; carried to
-        # workers: a file rewritten in place under the same inode (`cp`, h5py.File(path,
-        # "w")) changes it, and the items checked before are checked again.
-        self._stamps: list[tuple[int, ...] | None] = [None] * len(self.files)
-        self.watch()
         self.group = group
         # Served through concat(): ids are named with their file ("path::id"), see Id.
         self.concat = isinstance(source, MultiFile) and not source.unique_ids
@@ -237,17 +236,23 @@ class FileSet:
 
     def close(self) -> None:
         """Close this process's descriptors and handles (they reopen on the next read)."""
+        left, self._left = self._left, True  # closed copies are never left for the next FileSet
         self.keep_checked()
         if self._pid == os.getpid():
+            source = self._source_now()
+            if left and source is not None:  # left earlier (an iterator's end): no longer
+                with _KEPT_LOCK, contextlib.suppress(TypeError):
+                    if _KEPT_FILES.get(source, (0, (), []))[2] is self.files:
+                        del _KEPT_FILES[source]
             for col in self._cols.values():
                 col.close_reader()
             for f in self.files:
                 f.close()
-            source = self._source() if self._source is not None else None
-            with _KEPT_LOCK, contextlib.suppress(TypeError):
-                if source is not None and _KEPT_FILES.get(source, (0, (), []))[2] is self.files:
-                    del _KEPT_FILES[source]  # closed: the next FileSet opens copies of its own
         self._cols = {}
+
+    def _source_now(self) -> Any:
+        """The TypedFile or MultiFile this FileSet serves, if it is still alive in this process."""
+        return self._source() if self._source is not None else None
 
     def _kept_files(self, files: Sequence[Any]) -> list[Any] | None:
         """The copies of ``files`` an earlier FileSet of the same source left (keep_checked),
@@ -257,7 +262,7 @@ class FileSet:
         Taken, not shared: a FileSet made while another still serves the same source (an
         iterator not finished) opens copies of its own, so that closing one never closes the
         descriptors the other reads through."""
-        source = self._source() if self._source is not None else None
+        source = self._source_now()
         if source is None:
             return None
         with _KEPT_LOCK:
@@ -268,11 +273,10 @@ class FileSet:
         if kept is None:
             return None
         pid, stamps, copies = kept
-        if pid != os.getpid() or len(copies) != len(files):
+        if pid != os.getpid() or stamps != tuple(self._stamps) or len(copies) != len(files):
             return None
-        for f, c, st in zip(files, copies, stamps):
-            if c.path != f.path or not _snapshot_here(c) or st != _stat(c.path):
-                return None
+        if any(c.path != f.path or not _snapshot_here(c) for f, c in zip(files, copies)):
+            return None
         return copies
 
     def _table(self, k: int, name: str, what: str) -> np.ndarray:
@@ -309,9 +313,7 @@ class FileSet:
             )
 
     def _stamp(self, k: int) -> tuple[int, ...] | None:
-        if getattr(getattr(self.files[k], "_handle", None), "remote", False):
-            return None
-        return _stat(self.files[k].path)
+        return _state(self.files[k])
 
     def watch(self) -> None:
         """Note each local file's state (os.stat) now, when its tables are read, unless noted."""
@@ -365,7 +367,7 @@ class FileSet:
 
     def _kept(self) -> dict[tuple[str, str, int], tuple[tuple[Any, ...], np.ndarray]]:
         """The checked flags earlier FileSets of the same open file(s) left (see :meth:`keep_checked`)."""
-        source = self._source() if self._source is not None else None
+        source = self._source_now()
         if source is None or self._pid != os.getpid():
             return {}
         with _KEPT_LOCK:
@@ -382,26 +384,23 @@ class FileSet:
         new version of an object."""
         if any(st is None for st in self._stamps):
             return
-        if (self._pid == os.getpid() and not self._rewritten and self._source is not None and not self._left
+        source = self._source_now()
+        if (source is not None and self._pid == os.getpid() and not self._rewritten and not self._left
                 and all(_stat(f.path) == st for f, st in zip(self.files, self._stamps))):
             # The copies, for the next FileSet of the source (once: the next may have taken
             # them already); only while no file changed since its state was noted, before the
             # copies opened (their snapshots are that state).
             self._left = True
-            source = self._source()
             dropped: list[tuple[int, tuple[Any, ...], list[Any]]] = []
             with _KEPT_LOCK, contextlib.suppress(TypeError):
-                if source is not None:
-                    _KEPT_FILES[source] = (self._pid, tuple(self._stamps), self.files)
-                    # A bounded number of sources: a file opened afresh every epoch (``for e in
-                    # ...: h5s.open(p).iter_batches(...)``) and kept alive by the caller must not
-                    # keep every epoch's copies open.
-                    while len(_KEPT_FILES) > _KEEP_SOURCES:
-                        dropped.append(_KEPT_FILES.pop(next(iter(_KEPT_FILES.keys()))))
-            for pid, _, copies in dropped:
-                if pid == os.getpid():
-                    for f in copies:
-                        f.close()
+                _KEPT_FILES[source] = (self._pid, tuple(self._stamps), self.files)
+                # A bounded number of sources: a file opened afresh every epoch (``for e in
+                # ...: h5s.open(p).iter_batches(...)``) and kept alive by the caller must not
+                # keep every epoch's copies open.
+                while len(_KEPT_FILES) > _KEEP_SOURCES:
+                    dropped.append(_KEPT_FILES.pop(next(iter(_KEPT_FILES.keys()))))
+            for entry in dropped:
+                _close_copies(entry)
         if not self.verify:
             return
         kept = self._kept()
@@ -689,9 +688,23 @@ def release_kept(source: Any) -> None:
             kept = _KEPT_FILES.pop(source, None)
         except TypeError:
             return
-    if kept is not None and kept[0] == os.getpid():
-        for f in kept[2]:
+    if kept is not None:
+        _close_copies(kept)
+
+
+def _close_copies(entry: tuple[int, tuple[Any, ...], list[Any]]) -> None:
+    """Close the copies of a ``_KEPT_FILES`` entry (made in this process; a forked child's
+    inherited entries are its parent's, never touched)."""
+    if entry[0] == os.getpid():
+        for f in entry[2]:
             f.close()
+
+
+def _state(f: Any) -> tuple[int, ...] | None:
+    """:func:`_stat` of the file ``f`` (a TypedFile) at its path; None for a remote one."""
+    if getattr(getattr(f, "_handle", None), "remote", False):
+        return None
+    return _stat(f.path)
 
 
 def _stat(path: str) -> tuple[int, ...] | None:
